@@ -1,0 +1,35 @@
+# idempotency: PGXS build.  `make`, `make install`, `make installcheck`
+# (regression, isolation and TAP suites, each on a throwaway server that
+# preloads the library).  test/run-all runs every suite from a fresh machine.
+
+EXTENSION  = idempotency
+EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" $(EXTENSION).control)
+
+MODULE_big = idempotency
+OBJS       = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c)))
+
+# The install script is assembled from one file per concern, in name order.
+SCRIPT_PARTS = $(sort $(wildcard src/sql/*.sql))
+DATA_built   = $(EXTENSION)--$(EXTVERSION).sql
+
+PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
+
+TEST_CONF = test/regress.conf
+
+REGRESS      = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
+REGRESS_OPTS = --temp-instance=tmp_check --temp-config=$(TEST_CONF)
+
+ISOLATION      = $(patsubst test/isolation/specs/%.spec,%,$(sort $(wildcard test/isolation/specs/*.spec)))
+ISOLATION_OPTS = --inputdir=test/isolation --temp-instance=tmp_check_iso --temp-config=$(TEST_CONF)
+
+TAP_TESTS   = 1
+PROVE_TESTS = $(sort $(wildcard test/t/*.pl))
+
+EXTRA_CLEAN = $(DATA_built) tmp_check tmp_check_iso output_iso results regression.diffs regression.out
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+$(DATA_built): $(SCRIPT_PARTS) $(EXTENSION).control
+	cat $(SCRIPT_PARTS) > $@

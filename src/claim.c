@@ -1,0 +1,329 @@
+/*
+ * claim.c
+ *		idem_claim: decide, for one delivery of a (tenant_id, key), whether
+ *		the caller runs the work, replays a stored answer, or backs off.
+ *
+ * The fast paths cost one statement: a replay is a single primary-key read
+ * (no lock, no write), a fresh key is a read that misses plus one INSERT.
+ * Only a conflict or an expired record takes more, through a loop that
+ * re-reads with a fresh snapshot until the row settles.
+ *
+ * Who wins is decided by the primary key alone: INSERT ... ON CONFLICT DO
+ * NOTHING for a fresh key, an UPDATE guarded by the old token and expiry for
+ * a takeover.  Neither can raise a unique violation into the caller's
+ * transaction.  The per-key advisory lock (keylock.c) only lets a claim see
+ * an uncommitted claim of another transaction without waiting for it.
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/latch.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+#include "utils/wait_event.h"
+
+#include "idempotency.h"
+
+PG_FUNCTION_INFO_V1(idem_claim);
+
+/*
+ * A claim loops only when the row changed under it; each turn sees a newer
+ * committed state.  Far more turns than this means something is rewriting
+ * the key continuously, and the caller should retry the transaction.
+ */
+#define IDEM_CLAIM_MAX_ATTEMPTS	100
+
+/* Polling bounds while waiting for a committed lease to end. */
+#define IDEM_POLL_MIN_MS	1
+#define IDEM_POLL_MAX_MS	50
+
+static const char *const outcome_names[] = {
+	[IDEM_OUTCOME_CLAIMED] = "claimed",
+	[IDEM_OUTCOME_REPLAY] = "replay",
+	[IDEM_OUTCOME_FAILED] = "failed",
+	[IDEM_OUTCOME_IN_PROGRESS] = "in_progress",
+	[IDEM_OUTCOME_MISMATCH] = "mismatch",
+};
+
+const char *
+idem_outcome_name(IdemOutcome outcome)
+{
+	return outcome_names[outcome];
+}
+
+/*
+ * Fresh records take the clock in microseconds as their first token: it
+ * only grows, so a key released or swept and claimed again gets a larger
+ * token than any it had (a takeover adds 1, and takeovers are at least a
+ * lease apart).  Within a backend it is forced to increase strictly.
+ */
+static int64
+fresh_token(TimestampTz now)
+{
+	static int64 last_token = 0;
+	int64		token = Max((int64) now, 1);
+
+	if (token <= last_token)
+		token = last_token + 1;
+	last_token = token;
+	return token;
+}
+
+/* A different non-NULL fingerprint on both sides. */
+static bool
+fingerprint_differs(text *stored, text *given)
+{
+	if (stored == NULL || given == NULL)
+		return false;
+	if (VARSIZE_ANY_EXHDR(stored) != VARSIZE_ANY_EXHDR(given))
+		return true;
+	return memcmp(VARDATA_ANY(stored), VARDATA_ANY(given),
+				  VARSIZE_ANY_EXHDR(stored)) != 0;
+}
+
+/* Sleep a little while waiting for a committed lease; cancellable. */
+static void
+poll_sleep(int *sleep_ms, TimestampTz deadline)
+{
+	long		left_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(),
+														  deadline);
+	long		ms = Min((long) *sleep_ms, left_ms);
+
+	if (ms > 0)
+	{
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 ms, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+	CHECK_FOR_INTERRUPTS();
+	*sleep_ms = Min(*sleep_ms * 2, IDEM_POLL_MAX_MS);
+}
+
+/*
+ * Claim one key.  The caller has validated the arguments and is connected
+ * through idem_store_begin().  Shared with idem_claim_many.
+ */
+void
+idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz deadline = idem_add_duration(now, args->wait_us, "wait");
+	bool		have_lock = false;
+	int			sleep_ms = IDEM_POLL_MIN_MS;
+
+	memset(res, 0, sizeof(*res));
+	res->token_isnull = true;
+	res->response_isnull = true;
+	res->expires_at_isnull = true;
+
+	for (int conflicts = 0;; conflicts++)
+	{
+		IdemRecord	rec;
+		bool		found;
+		bool		expired;
+
+		if (conflicts >= IDEM_CLAIM_MAX_ATTEMPTS)
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not claim key because its record keeps changing"),
+					 errhint("Retry the transaction.")));
+
+		found = idem_store_read(k, &rec, true);
+		expired = found && rec.expires_at <= now;
+
+		if (found && !expired)
+		{
+			if (fingerprint_differs(rec.fingerprint, args->fingerprint))
+			{
+				res->outcome = IDEM_OUTCOME_MISMATCH;
+				break;
+			}
+			if (rec.status != IDEM_PROCESSING)
+			{
+				res->outcome = rec.status == IDEM_COMPLETED ?
+					IDEM_OUTCOME_REPLAY : IDEM_OUTCOME_FAILED;
+				res->response = rec.response;
+				res->response_isnull = rec.response_isnull;
+				res->expires_at = rec.expires_at;
+				res->expires_at_isnull = false;
+				break;
+			}
+			/* a committed claim (or our own) holds a live lease */
+			if (now < deadline && !TransactionIdIsCurrentTransactionId(rec.xmin))
+			{
+				poll_sleep(&sleep_ms, deadline);
+				now = GetCurrentTimestamp();
+				conflicts--;
+				continue;
+			}
+			res->outcome = IDEM_OUTCOME_IN_PROGRESS;
+			res->expires_at = rec.lease_expires_at;
+			res->expires_at_isnull = false;
+			break;
+		}
+
+		if (found && rec.status == IDEM_PROCESSING)
+		{
+			/* a stale claim still belongs to its request */
+			if (fingerprint_differs(rec.fingerprint, args->fingerprint))
+			{
+				res->outcome = IDEM_OUTCOME_MISMATCH;
+				break;
+			}
+			/* our own transaction outlived its lease: still ours, not a new claim */
+			if (TransactionIdIsCurrentTransactionId(rec.xmin))
+			{
+				res->outcome = IDEM_OUTCOME_IN_PROGRESS;
+				res->expires_at = rec.lease_expires_at;
+				res->expires_at_isnull = false;
+				break;
+			}
+		}
+
+		/* About to write: make sure no other transaction is mid-claim. */
+		if (!have_lock)
+		{
+			int64		wait_left = Max(deadline - now, 0);
+			IdemKeyLockResult lr = idem_keylock_acquire(k, wait_left);
+
+			if (lr == IDEM_KEYLOCK_BUSY)
+			{
+				res->outcome = IDEM_OUTCOME_IN_PROGRESS;
+				break;
+			}
+			have_lock = true;
+			if (lr == IDEM_KEYLOCK_ACQUIRED_AFTER_WAIT)
+			{
+				/* the holder finished while we waited: look again */
+				now = GetCurrentTimestamp();
+				conflicts--;
+				continue;
+			}
+		}
+
+		if (!found)
+		{
+			int64		token = fresh_token(now);
+			TimestampTz lease_end = idem_add_duration(now, args->lease_us, "lease");
+
+			if (idem_store_insert(k, args->fingerprint, token, now, lease_end,
+								  args->ttl_us))
+			{
+				res->outcome = IDEM_OUTCOME_CLAIMED;
+				res->token = token;
+				res->token_isnull = false;
+				res->expires_at = lease_end;
+				res->expires_at_isnull = false;
+				break;
+			}
+		}
+		else if (rec.status == IDEM_PROCESSING &&
+				 idem_stale_action == IDEM_STALE_FAIL)
+		{
+			IdemRecord	failed;
+
+			if (idem_store_fail_stale(k, rec.token, now, &failed))
+			{
+				res->outcome = IDEM_OUTCOME_FAILED;
+				res->response = failed.response;
+				res->response_isnull = failed.response_isnull;
+				res->expires_at = failed.expires_at;
+				res->expires_at_isnull = false;
+				res->stale_failed = true;
+				break;
+			}
+		}
+		else
+		{
+			bool		new_lifetime = rec.status != IDEM_PROCESSING;
+			TimestampTz lease_end = idem_add_duration(now, args->lease_us, "lease");
+
+			if (idem_store_take_over(k, rec.token, args->fingerprint, new_lifetime,
+									 now, lease_end, args->ttl_us))
+			{
+				res->outcome = IDEM_OUTCOME_CLAIMED;
+				res->token = rec.token + 1;
+				res->token_isnull = false;
+				res->expires_at = lease_end;
+				res->expires_at_isnull = false;
+				res->took_over = !new_lifetime;
+				break;
+			}
+		}
+
+		/* the row changed since we read it: read again with a new snapshot */
+		now = GetCurrentTimestamp();
+	}
+
+	if (have_lock && res->outcome != IDEM_OUTCOME_CLAIMED)
+		idem_keylock_release(k);
+}
+
+/*
+ * Read and check idem_claim's arguments (shared with idem_claim_many for
+ * lease, ttl and wait).
+ */
+void
+idem_claim_args(FunctionCallInfo fcinfo, int lease_arg, int ttl_arg,
+				int wait_arg, IdemClaimArgs *args)
+{
+	args->lease_us = idem_arg_duration(fcinfo, lease_arg, "lease",
+									   (int64) idem_default_lease_ms * 1000, false);
+	args->ttl_us = idem_arg_duration(fcinfo, ttl_arg, "ttl",
+									 (int64) idem_default_ttl_s * USECS_PER_SEC, false);
+	args->wait_us = wait_arg < 0 ? 0 :
+		idem_arg_duration(fcinfo, wait_arg, "wait", 0, true);
+	idem_check_ttl_floor(args->ttl_us);
+}
+
+/*
+ * idem_claim(tenant_id, key, fingerprint, lease, ttl, wait)
+ *		RETURNS (outcome, token, response, expires_at)
+ */
+Datum
+idem_claim(PG_FUNCTION_ARGS)
+{
+	IdemKey		k;
+	IdemClaimArgs args;
+	IdemClaimResult res;
+	TupleDesc	desc;
+	Datum		values[4];
+	bool		nulls[4];
+
+	k.tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
+	k.key = idem_arg_identifier(fcinfo, 1, "key", true);
+	args.fingerprint = idem_arg_identifier(fcinfo, 2, "fingerprint", false);
+	idem_claim_args(fcinfo, 3, 4, 5, &args);
+
+	/* the result row's descriptor is built once per call site */
+	desc = (TupleDesc) fcinfo->flinfo->fn_extra;
+	if (desc == NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+
+		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+			elog(ERROR, "idem_claim must return a composite type");
+		desc = BlessTupleDesc(CreateTupleDescCopy(desc));
+		fcinfo->flinfo->fn_extra = desc;
+		MemoryContextSwitchTo(old);
+	}
+
+	idem_store_begin(fcinfo);
+	idem_claim_one(&k, &args, &res);
+	idem_store_end();
+	idem_stats_count_claim(&res);
+
+	values[0] = CStringGetTextDatum(idem_outcome_name(res.outcome));
+	nulls[0] = false;
+	values[1] = Int64GetDatum(res.token);
+	nulls[1] = res.token_isnull;
+	values[2] = res.response;
+	nulls[2] = res.response_isnull;
+	values[3] = TimestampTzGetDatum(res.expires_at);
+	nulls[3] = res.expires_at_isnull;
+
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(desc, values, nulls)));
+}

@@ -1,0 +1,100 @@
+/*
+ * guc.c
+ *		The idempotency.* settings.
+ *
+ * Defined whenever the library is loaded (preloaded or on first call), so
+ * the SQL functions work without shared_preload_libraries.  Durations are
+ * integers with units, like statement_timeout, so "5min" and "24h" work.
+ */
+#include "postgres.h"
+
+#include <limits.h>
+
+#include "utils/guc.h"
+#include "utils/memutils.h"
+
+#include "idempotency.h"
+
+int			idem_default_lease_ms = 5 * 60 * 1000;
+int			idem_default_ttl_s = 24 * 60 * 60;
+int			idem_min_ttl_s = 0;
+int			idem_stale_action = IDEM_STALE_RELEASE;
+int			idem_max_response_size = 1024 * 1024;
+int			idem_sweep_interval_s = 10;
+int			idem_sweep_batch_size = 1000;
+
+static const struct config_enum_entry stale_action_options[] = {
+	{"release", IDEM_STALE_RELEASE, false},
+	{"fail", IDEM_STALE_FAIL, false},
+	{NULL, 0, false}
+};
+
+/*
+ * Register every setting.  Called from _PG_init only.
+ */
+void
+idem_define_settings(void)
+{
+	DefineCustomIntVariable("idempotency.lease",
+							"Default lease of a claim (idem_claim without lease).",
+							"A processing record whose lease has expired can be taken over.",
+							&idem_default_lease_ms,
+							5 * 60 * 1000, 1, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.ttl",
+							"Default retention of a completed or failed record (idem_claim without ttl).",
+							NULL,
+							&idem_default_ttl_s,
+							24 * 60 * 60, 1, INT_MAX,
+							PGC_USERSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	/*
+	 * SUSET: the floor protects against clients that ask for a retention
+	 * shorter than the broker's redelivery window, so clients must not be
+	 * able to lower it themselves.
+	 */
+	DefineCustomIntVariable("idempotency.min_ttl",
+							"Shortest retention a claim may ask for; 0 disables the check.",
+							NULL,
+							&idem_min_ttl_s,
+							0, 0, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("idempotency.stale_action",
+							 "What happens to a claim whose lease expired: release (delete) or fail.",
+							 NULL,
+							 &idem_stale_action,
+							 IDEM_STALE_RELEASE, stale_action_options,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_response_size",
+							"Largest response or failure document idem_complete and idem_release accept.",
+							NULL,
+							&idem_max_response_size,
+							1024 * 1024, 0, MaxAllocSize / 2,
+							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.sweep_interval",
+							"Time between sweeps of the background worker; 0 turns sweeping off.",
+							NULL,
+							&idem_sweep_interval_s,
+							10, 0, 24 * 60 * 60,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.sweep_batch_size",
+							"Records per sweep transaction (and idem_sweep's default batch).",
+							NULL,
+							&idem_sweep_batch_size,
+							1000, 1, 1000000,
+							PGC_SIGHUP, 0,
+							NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("idempotency");
+}

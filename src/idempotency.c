@@ -1,0 +1,29 @@
+/*
+ * idempotency.c
+ *		Module entry point: registration only.
+ *
+ * Loaded on first use (CREATE EXTENSION, a function call) the library only
+ * defines its settings.  Preloaded (shared_preload_libraries) it also
+ * reserves shared memory for statistics and registers the sweeper worker.
+ * Nothing here may fail: the SQL functions must work without preloading.
+ */
+#include "postgres.h"
+
+#include "miscadmin.h"
+
+#include "idempotency.h"
+
+PG_MODULE_MAGIC;
+
+void		_PG_init(void);
+
+void
+_PG_init(void)
+{
+	idem_define_settings();
+
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
+	idem_stats_request_shmem();
+}

@@ -1,0 +1,235 @@
+/*
+ * idempotency.h
+ *		Declarations shared by the modules of the idempotency extension.
+ *
+ * The modules, one concern each:
+ *	 idempotency.c	module magic and _PG_init (registration only)
+ *	 guc.c			the idempotency.* settings
+ *	 validate.c		argument checks shared by every SQL function
+ *	 store.c		the only code that talks to idempotency_records (SPI)
+ *	 keylock.c		the per-key advisory lock that makes in_progress non-blocking
+ *	 claim.c		idem_claim
+ *	 settle.c		idem_complete, idem_release, idem_heartbeat (fenced by token)
+ *	 lookup.c		idem_lookup, idem_forget
+ *	 sweep.c		idem_sweep and the batch the background worker reuses
+ */
+#ifndef IDEMPOTENCY_H
+#define IDEMPOTENCY_H
+
+#include "postgres.h"
+
+#include "datatype/timestamp.h"
+#include "fmgr.h"
+#include "utils/timestamp.h"
+
+/* ---------- SQLSTATEs of our own (class ID, documented in README) ---------- */
+
+/* complete/release/heartbeat named a key that has no record */
+#define ERRCODE_IDEM_KEY_NOT_FOUND		MAKE_SQLSTATE('I','D','0','0','1')
+/* the token is not the record's current token: a newer claim owns the key */
+#define ERRCODE_IDEM_TOKEN_MISMATCH		MAKE_SQLSTATE('I','D','0','0','2')
+/* the record is already completed or failed */
+#define ERRCODE_IDEM_NOT_PROCESSING		MAKE_SQLSTATE('I','D','0','0','3')
+
+/* Longest tenant_id, key and fingerprint, in bytes (Stripe's limit). */
+#define IDEM_MAX_IDENTIFIER_BYTES	255
+
+/* ---------- settings (guc.c) ---------- */
+
+typedef enum IdemStaleAction
+{
+	IDEM_STALE_RELEASE,			/* an expired claim is deleted */
+	IDEM_STALE_FAIL				/* an expired claim becomes 'failed' */
+} IdemStaleAction;
+
+extern int	idem_default_lease_ms;
+extern int	idem_default_ttl_s;
+extern int	idem_min_ttl_s;
+extern int	idem_stale_action;
+extern int	idem_max_response_size;
+extern int	idem_sweep_interval_s;
+extern int	idem_sweep_batch_size;
+
+extern void idem_define_settings(void);
+
+/* ---------- argument checks (validate.c) ---------- */
+
+extern text *idem_arg_identifier(FunctionCallInfo fcinfo, int argno,
+								 const char *name, bool required);
+extern int64 idem_arg_token(FunctionCallInfo fcinfo, int argno);
+extern int64 idem_arg_duration(FunctionCallInfo fcinfo, int argno,
+							   const char *name, int64 default_us,
+							   bool zero_allowed);
+extern Datum idem_arg_jsonb(FunctionCallInfo fcinfo, int argno,
+							const char *name, bool *isnull);
+extern TimestampTz idem_add_duration(TimestampTz at, int64 duration_us,
+									 const char *name);
+extern void idem_check_ttl_floor(int64 ttl_us);
+
+/* ---------- the records table (store.c) ---------- */
+
+typedef enum IdemStatus
+{
+	IDEM_PROCESSING,
+	IDEM_COMPLETED,
+	IDEM_FAILED
+} IdemStatus;
+
+/* One record as the caller's snapshot sees it. */
+typedef struct IdemRecord
+{
+	IdemStatus	status;
+	int64		token;
+	text	   *fingerprint;	/* NULL when the column is NULL */
+	Datum		response;		/* copied into the caller's context */
+	bool		response_isnull;
+	TimestampTz expires_at;
+	bool		lease_isnull;
+	TimestampTz lease_expires_at;
+	TimestampTz created_at;
+	TimestampTz updated_at;
+	TransactionId xmin;			/* to recognise our own transaction's claim */
+} IdemRecord;
+
+/* What a fenced write (complete/release/heartbeat) needs. */
+typedef struct IdemKey
+{
+	text	   *tenant_id;
+	text	   *key;
+} IdemKey;
+
+extern void idem_store_begin(FunctionCallInfo fcinfo);
+extern void idem_store_begin_in_schema(Oid nsp);
+extern void idem_store_end(void);
+extern Oid	idem_store_schema(void);
+extern Oid	idem_store_table(void);
+
+extern bool idem_store_read(const IdemKey *k, IdemRecord *rec,
+							bool fresh_snapshot);
+extern bool idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
+							  TimestampTz now, TimestampTz lease_expires_at,
+							  int64 ttl_us);
+extern bool idem_store_take_over(const IdemKey *k, int64 old_token,
+								 text *fingerprint, bool new_lifetime,
+								 TimestampTz now, TimestampTz lease_expires_at,
+								 int64 ttl_us);
+extern bool idem_store_fail_stale(const IdemKey *k, int64 old_token,
+								  TimestampTz now, IdemRecord *rec);
+extern bool idem_store_finish(const IdemKey *k, int64 token, IdemStatus status,
+							  Datum response, bool response_isnull,
+							  TimestampTz now);
+extern bool idem_store_delete_claim(const IdemKey *k, int64 token);
+extern bool idem_store_extend_lease(const IdemKey *k, int64 token,
+									TimestampTz now,
+									TimestampTz lease_expires_at);
+extern bool idem_store_forget(const IdemKey *k);
+
+/* sweep batches: one statement each, returns rows affected */
+extern uint64 idem_store_sweep_expired(TimestampTz now, int batch_size,
+									   bool include_stale_claims,
+									   TimestampTz *from,
+									   uint64 *stale_released);
+extern uint64 idem_store_sweep_fail_stale(TimestampTz now, int batch_size);
+
+extern Datum idem_stale_failure_response(void);
+extern const char *idem_status_name(IdemStatus status);
+
+/* ---------- sweeping (sweep.c) ---------- */
+
+typedef struct IdemSweepCounts
+{
+	uint64		expired_removed;
+	uint64		stale_released;
+	uint64		stale_failed;
+} IdemSweepCounts;
+
+/* Where a pass has got to: batches resume at the last expiry seen. */
+typedef struct IdemSweepCursor
+{
+	TimestampTz expired_from;
+} IdemSweepCursor;
+
+extern void idem_sweep_cursor_init(IdemSweepCursor *cursor);
+extern bool idem_sweep_batch(int batch_size, IdemSweepCursor *cursor,
+							 IdemSweepCounts *counts);
+extern bool idem_sweep_lock(bool session_lock, bool wait);
+extern void idem_sweep_unlock(bool session_lock);
+
+/* ---------- per-key advisory lock (keylock.c) ---------- */
+
+typedef enum IdemKeyLockResult
+{
+	IDEM_KEYLOCK_ACQUIRED,		/* at once */
+	IDEM_KEYLOCK_ACQUIRED_AFTER_WAIT,	/* after another holder let go */
+	IDEM_KEYLOCK_BUSY			/* held elsewhere (and the wait, if any, ran out) */
+} IdemKeyLockResult;
+
+extern IdemKeyLockResult idem_keylock_acquire(const IdemKey *k, int64 wait_us);
+extern void idem_keylock_hold(const IdemKey *k);
+extern void idem_keylock_release(const IdemKey *k);
+
+/* ---------- claiming (claim.c) ---------- */
+
+typedef enum IdemOutcome
+{
+	IDEM_OUTCOME_CLAIMED,
+	IDEM_OUTCOME_REPLAY,
+	IDEM_OUTCOME_FAILED,
+	IDEM_OUTCOME_IN_PROGRESS,
+	IDEM_OUTCOME_MISMATCH
+} IdemOutcome;
+
+typedef struct IdemClaimArgs
+{
+	text	   *fingerprint;	/* NULL: no check */
+	int64		lease_us;
+	int64		ttl_us;
+	int64		wait_us;		/* 0: never wait */
+} IdemClaimArgs;
+
+typedef struct IdemClaimResult
+{
+	IdemOutcome outcome;
+	int64		token;			/* set only when claimed */
+	bool		token_isnull;
+	Datum		response;		/* replay and failed */
+	bool		response_isnull;
+	TimestampTz expires_at;		/* lease end, or retention end */
+	bool		expires_at_isnull;
+	bool		took_over;		/* claimed a stale claim (for statistics) */
+	bool		stale_failed;	/* turned a stale claim into failed */
+} IdemClaimResult;
+
+extern void idem_claim_args(FunctionCallInfo fcinfo, int lease_arg,
+							int ttl_arg, int wait_arg, IdemClaimArgs *args);
+extern void idem_claim_one(const IdemKey *k, const IdemClaimArgs *args,
+						   IdemClaimResult *res);
+extern const char *idem_outcome_name(IdemOutcome outcome);
+
+/* ---------- statistics in shared memory (stats.c) ---------- */
+
+typedef enum IdemCounter
+{
+	IDEM_STAT_CLAIMS,
+	IDEM_STAT_CLAIMED,
+	IDEM_STAT_REPLAYS,
+	IDEM_STAT_IN_PROGRESS,
+	IDEM_STAT_MISMATCHES,
+	IDEM_STAT_FAILED_REPLAYS,
+	IDEM_STAT_TAKEOVERS,
+	IDEM_STAT_COMPLETES,
+	IDEM_STAT_RELEASES,
+	IDEM_STAT_HEARTBEATS,
+	IDEM_STAT_SWEPT_STALE,
+	IDEM_STAT_SWEPT_EXPIRED,
+	IDEM_NUM_COUNTERS
+} IdemCounter;
+
+extern void idem_stats_request_shmem(void);
+extern void idem_stats_add(IdemCounter counter, uint64 n);
+extern void idem_stats_count_claim(const IdemClaimResult *res);
+extern void idem_stats_sweep_finished(TimestampTz started, TimestampTz finished,
+									  const IdemSweepCounts *counts,
+									  const char *error);
+
+#endif							/* IDEMPOTENCY_H */

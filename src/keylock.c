@@ -1,0 +1,159 @@
+/*
+ * keylock.c
+ *		The per-key advisory lock that lets a claim answer in_progress
+ *		without waiting on another transaction.
+ *
+ * An uncommitted claim is invisible to other snapshots, and an INSERT that
+ * conflicts with it would wait for that transaction to end.  So every claim
+ * first takes a transaction-level advisory lock on a 64-bit hash of
+ * (tenant_id, key): if someone else holds it, a claim in flight exists and
+ * the answer is in_progress at once.  The lock is only this hint: the
+ * primary key decides who wins, so a hash collision or a claim made on
+ * another node costs a wait, never a second winner.
+ *
+ * The lock uses its own advisory-lock class (locktag_field4), so it never
+ * collides with the application's pg_advisory_lock() calls; in pg_locks it
+ * shows as locktype 'advisory' with objsubid IDEM_KEYLOCK_CLASS.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "common/hashfn.h"
+#include "miscadmin.h"
+#include "storage/lock.h"
+#include "storage/proc.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
+
+#include "idempotency.h"
+
+#define IDEM_KEYLOCK_CLASS	0x4944		/* "ID" */
+
+static void
+keylock_tag(const IdemKey *k, LOCKTAG *tag)
+{
+	uint64		h;
+
+	/* tenant_id seeds the hash of key: the same key in two tenants differs */
+	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(k->tenant_id),
+							VARSIZE_ANY_EXHDR(k->tenant_id), 0);
+	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(k->key),
+							VARSIZE_ANY_EXHDR(k->key), h);
+
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
+						 IDEM_KEYLOCK_CLASS);
+}
+
+/* The lock_timeout for a wait: the wait, or the session's lock_timeout if shorter. */
+static int
+wait_timeout_ms(int64 wait_us)
+{
+	int64		ms = (wait_us + 999) / 1000;
+
+	if (LockTimeout > 0 && LockTimeout < ms)
+		ms = LockTimeout;
+	return (int) Min(ms, (int64) INT_MAX);
+}
+
+/*
+ * Wait up to wait_us for the lock, as a genuine lock wait: it shows in
+ * pg_locks, takes part in deadlock detection, and is cancellable.  The
+ * wait is bounded by running it in a subtransaction with lock_timeout set;
+ * a timeout (or a deadlock) ends the wait and the caller reports
+ * in_progress.  Only claims that meet a holder and asked to wait get here.
+ */
+static bool
+keylock_wait(const LOCKTAG *tag, int64 wait_us)
+{
+	MemoryContext caller_context = CurrentMemoryContext;
+	ResourceOwner caller_owner = CurrentResourceOwner;
+	const int	timeout_ms = wait_timeout_ms(wait_us);
+	volatile bool acquired = false;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(caller_context);
+
+	PG_TRY();
+	{
+		int			nestlevel = NewGUCNestLevel();
+		char		value[32];
+
+		snprintf(value, sizeof(value), "%d", timeout_ms);
+		(void) set_config_option("lock_timeout", value,
+								 PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
+		(void) LockAcquire(tag, ExclusiveLock, false, false);
+		AtEOXact_GUC(true, nestlevel);
+
+		/* the lock moves to the parent transaction's resource owner */
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(caller_context);
+		CurrentResourceOwner = caller_owner;
+		acquired = true;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(caller_context);
+		edata = CopyErrorData();
+		FlushErrorState();
+
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(caller_context);
+		CurrentResourceOwner = caller_owner;
+
+		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE &&
+			edata->sqlerrcode != ERRCODE_T_R_DEADLOCK_DETECTED)
+			ReThrowError(edata);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+
+	return acquired;
+}
+
+/*
+ * Take the key lock for the rest of the transaction.  With wait_us = 0 this
+ * never blocks.  Taking it again in the same transaction succeeds.
+ */
+IdemKeyLockResult
+idem_keylock_acquire(const IdemKey *k, int64 wait_us)
+{
+	LOCKTAG		tag;
+
+	keylock_tag(k, &tag);
+	if (LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
+		return IDEM_KEYLOCK_ACQUIRED;
+	if (wait_us > 0 && keylock_wait(&tag, wait_us))
+		return IDEM_KEYLOCK_ACQUIRED_AFTER_WAIT;
+	return IDEM_KEYLOCK_BUSY;
+}
+
+/*
+ * Take the key lock, waiting as long as it takes (lock_timeout applies).
+ * Used by the fenced writes: they wait for a claim in flight rather than
+ * meet its uncommitted row, so a claim never waits on them in turn.
+ */
+void
+idem_keylock_hold(const IdemKey *k)
+{
+	LOCKTAG		tag;
+
+	keylock_tag(k, &tag);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+}
+
+/*
+ * Give the lock back before the transaction ends: a claim that did not win
+ * (replay, mismatch, ...) must not make later claims report in_progress.
+ */
+void
+idem_keylock_release(const IdemKey *k)
+{
+	LOCKTAG		tag;
+
+	keylock_tag(k, &tag);
+	LockRelease(&tag, ExclusiveLock, false);
+}

@@ -1,0 +1,81 @@
+/*
+ * lookup.c
+ *		Operator tools: idem_lookup (read one record) and idem_forget
+ *		(remove one record in any state).
+ */
+#include "postgres.h"
+
+#include "funcapi.h"
+#include "utils/builtins.h"
+
+#include "idempotency.h"
+
+PG_FUNCTION_INFO_V1(idem_lookup);
+PG_FUNCTION_INFO_V1(idem_forget);
+
+/*
+ * idem_lookup(tenant_id, key) RETURNS SETOF (status, token, response,
+ *		fingerprint, lease_expires_at, expires_at, created_at, updated_at)
+ *
+ * Zero or one row, exactly as stored: an expired record is shown until the
+ * sweeper removes it (compare expires_at with now()).  Read-only.
+ */
+Datum
+idem_lookup(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	IdemKey		k;
+	IdemRecord	rec;
+
+	k.tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
+	k.key = idem_arg_identifier(fcinfo, 1, "key", true);
+
+	InitMaterializedSRF(fcinfo, 0);
+
+	idem_store_begin(fcinfo);
+	if (idem_store_read(&k, &rec, false))
+	{
+		Datum		values[8];
+		bool		nulls[8] = {false};
+
+		values[0] = CStringGetTextDatum(idem_status_name(rec.status));
+		values[1] = Int64GetDatum(rec.token);
+		values[2] = rec.response;
+		nulls[2] = rec.response_isnull;
+		values[3] = PointerGetDatum(rec.fingerprint);
+		nulls[3] = rec.fingerprint == NULL;
+		values[4] = TimestampTzGetDatum(rec.lease_expires_at);
+		nulls[4] = rec.lease_isnull;
+		values[5] = TimestampTzGetDatum(rec.expires_at);
+		values[6] = TimestampTzGetDatum(rec.created_at);
+		values[7] = TimestampTzGetDatum(rec.updated_at);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	idem_store_end();
+
+	return (Datum) 0;
+}
+
+/*
+ * idem_forget(tenant_id, key) RETURNS boolean
+ *
+ * Remove the record whatever its state; true if there was one.  A holder
+ * that later completes or releases gets "no record" (fencing), and the key
+ * can be claimed afresh.  Waits for a claim of the key in flight.
+ */
+Datum
+idem_forget(PG_FUNCTION_ARGS)
+{
+	IdemKey		k;
+	bool		removed;
+
+	k.tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
+	k.key = idem_arg_identifier(fcinfo, 1, "key", true);
+
+	idem_store_begin(fcinfo);
+	idem_keylock_hold(&k);
+	removed = idem_store_forget(&k);
+	idem_store_end();
+
+	PG_RETURN_BOOL(removed);
+}

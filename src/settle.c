@@ -1,0 +1,145 @@
+/*
+ * settle.c
+ *		The fenced writes of a claim holder: idem_complete, idem_release and
+ *		idem_heartbeat.
+ *
+ * Each one names the token its claim returned and succeeds only while that
+ * token is the record's current token and the record is still processing.
+ * A holder whose lease was taken over (a "zombie") therefore gets an error
+ * and changes nothing; the new owner's outcome stands.
+ */
+#include "postgres.h"
+
+#include "utils/timestamp.h"
+
+#include "idempotency.h"
+
+PG_FUNCTION_INFO_V1(idem_complete);
+PG_FUNCTION_INFO_V1(idem_release);
+PG_FUNCTION_INFO_V1(idem_heartbeat);
+
+/*
+ * A fenced write matched no row: say why, in the order that helps a caller
+ * most (unknown key, then a newer owner, then already settled).
+ */
+static void
+report_refused(const IdemKey *k, int64 token, const char *action)
+{
+	IdemRecord	rec;
+
+	if (!idem_store_read(k, &rec, true))
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_KEY_NOT_FOUND),
+				 errmsg("cannot %s: no record exists for this key", action),
+				 errdetail("The key was never claimed, or it was released, forgotten or swept.")));
+	if (rec.token != token)
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_TOKEN_MISMATCH),
+				 errmsg("cannot %s: token " INT64_FORMAT " does not hold this key", action, token),
+				 errdetail("The claim's lease expired and a newer claim took the key over, or the token is wrong."),
+				 errhint("Stop working on this key: its outcome belongs to the newer claim.")));
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_NOT_PROCESSING),
+			 errmsg("cannot %s: the key is already %s", action, idem_status_name(rec.status))));
+}
+
+/* Read the (tenant_id, key, token) arguments every fenced write starts with. */
+static void
+fenced_args(FunctionCallInfo fcinfo, IdemKey *k, int64 *token)
+{
+	k->tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
+	k->key = idem_arg_identifier(fcinfo, 1, "key", true);
+	*token = idem_arg_token(fcinfo, 2);
+}
+
+/*
+ * idem_complete(tenant_id, key, token, response) RETURNS void
+ *
+ * Store the response; the record is kept for the claim's ttl.
+ */
+Datum
+idem_complete(PG_FUNCTION_ARGS)
+{
+	IdemKey		k;
+	int64		token;
+	Datum		response;
+	bool		response_isnull;
+
+	fenced_args(fcinfo, &k, &token);
+	response = idem_arg_jsonb(fcinfo, 3, "response", &response_isnull);
+
+	idem_store_begin(fcinfo);
+	idem_keylock_hold(&k);
+	if (!idem_store_finish(&k, token, IDEM_COMPLETED, response, response_isnull,
+						   GetCurrentTimestamp()))
+		report_refused(&k, token, "complete");
+	idem_store_end();
+	idem_stats_add(IDEM_STAT_COMPLETES, 1);
+
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_release(tenant_id, key, token, failure) RETURNS void
+ *
+ * Without failure the record is deleted and the key can be claimed again;
+ * with it the record becomes 'failed' and later claims replay the failure.
+ */
+Datum
+idem_release(PG_FUNCTION_ARGS)
+{
+	IdemKey		k;
+	int64		token;
+	Datum		failure;
+	bool		failure_isnull;
+	bool		done;
+
+	fenced_args(fcinfo, &k, &token);
+	failure = idem_arg_jsonb(fcinfo, 3, "failure", &failure_isnull);
+
+	idem_store_begin(fcinfo);
+	idem_keylock_hold(&k);
+	if (failure_isnull)
+		done = idem_store_delete_claim(&k, token);
+	else
+		done = idem_store_finish(&k, token, IDEM_FAILED, failure, false,
+								 GetCurrentTimestamp());
+	if (!done)
+		report_refused(&k, token, "release");
+	idem_store_end();
+	idem_stats_add(IDEM_STAT_RELEASES, 1);
+
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_heartbeat(tenant_id, key, token, lease) RETURNS timestamptz
+ *
+ * Extend a claim's lease to now + lease and return the new expiry.  A
+ * claim whose lease ran out but that nobody took over may still extend it:
+ * the token, not the clock, decides who owns the key.
+ */
+Datum
+idem_heartbeat(PG_FUNCTION_ARGS)
+{
+	IdemKey		k;
+	int64		token;
+	int64		lease_us;
+	TimestampTz now;
+	TimestampTz lease_end;
+
+	fenced_args(fcinfo, &k, &token);
+	lease_us = idem_arg_duration(fcinfo, 3, "lease",
+								 (int64) idem_default_lease_ms * 1000, false);
+	now = GetCurrentTimestamp();
+	lease_end = idem_add_duration(now, lease_us, "lease");
+
+	idem_store_begin(fcinfo);
+	idem_keylock_hold(&k);
+	if (!idem_store_extend_lease(&k, token, now, lease_end))
+		report_refused(&k, token, "heartbeat");
+	idem_store_end();
+	idem_stats_add(IDEM_STAT_HEARTBEATS, 1);
+
+	PG_RETURN_TIMESTAMPTZ(lease_end);
+}

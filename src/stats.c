@@ -1,0 +1,281 @@
+/*
+ * stats.c
+ *		Live counters and the last sweep of each database, in shared memory.
+ *
+ * Only when the library is preloaded: shared memory can be reserved only
+ * at server start.  Without it counting is a no-op and idem_stats raises a
+ * clear error.  Counters are atomics, so they are exact under concurrency
+ * and cost one uncontended atomic add per event; a slot per database is
+ * found once per backend and cached.  Counters count calls as they return,
+ * whether or not the caller's transaction later commits.
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "commands/dbcommands.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "port/atomics.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "idempotency.h"
+
+PG_FUNCTION_INFO_V1(idem_stats_read);
+PG_FUNCTION_INFO_V1(idem_stats_reset);
+
+/* Databases tracked at once; a database past this limit is not counted. */
+#define IDEM_STATS_MAX_DATABASES	128
+#define IDEM_STATS_ERROR_LEN		256
+
+typedef struct IdemDatabaseStats
+{
+	Oid			dboid;			/* InvalidOid: free slot */
+	pg_atomic_uint64 counters[IDEM_NUM_COUNTERS];
+	TimestampTz stats_reset;
+	/* the last sweep, written under the lock */
+	TimestampTz last_sweep_at;
+	double		last_sweep_ms;
+	uint64		last_sweep_removed;
+	uint64		sweeps;
+	char		last_sweep_error[IDEM_STATS_ERROR_LEN];
+} IdemDatabaseStats;
+
+typedef struct IdemSharedStats
+{
+	LWLock	   *lock;			/* slot assignment and last-sweep fields */
+	IdemDatabaseStats dbs[IDEM_STATS_MAX_DATABASES];
+} IdemSharedStats;
+
+static IdemSharedStats *shared = NULL;
+static IdemDatabaseStats *my_slot = NULL;
+static Oid	my_slot_db = InvalidOid;
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+static void
+stats_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(MAXALIGN(sizeof(IdemSharedStats)));
+	RequestNamedLWLockTranche("idempotency", 1);
+}
+
+static void
+stats_shmem_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	shared = ShmemInitStruct("idempotency", sizeof(IdemSharedStats), &found);
+	if (!found)
+	{
+		memset(shared, 0, sizeof(IdemSharedStats));
+		shared->lock = &(GetNamedLWLockTranche("idempotency"))->lock;
+		for (int i = 0; i < IDEM_STATS_MAX_DATABASES; i++)
+			for (int c = 0; c < IDEM_NUM_COUNTERS; c++)
+				pg_atomic_init_u64(&shared->dbs[i].counters[c], 0);
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * Reserve shared memory.  Called from _PG_init while preloading.
+ */
+void
+idem_stats_request_shmem(void)
+{
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = stats_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = stats_shmem_startup;
+}
+
+static void
+reset_slot(IdemDatabaseStats *slot)
+{
+	for (int c = 0; c < IDEM_NUM_COUNTERS; c++)
+		pg_atomic_write_u64(&slot->counters[c], 0);
+	slot->stats_reset = GetCurrentTimestamp();
+}
+
+/* This database's slot, claimed on first use; NULL if none is free. */
+static IdemDatabaseStats *
+database_slot(void)
+{
+	IdemDatabaseStats *free_slot = NULL;
+
+	if (shared == NULL || !OidIsValid(MyDatabaseId))
+		return NULL;
+	if (my_slot != NULL && my_slot_db == MyDatabaseId)
+		return my_slot;
+
+	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	for (int i = 0; i < IDEM_STATS_MAX_DATABASES; i++)
+	{
+		IdemDatabaseStats *slot = &shared->dbs[i];
+
+		if (slot->dboid == MyDatabaseId)
+		{
+			my_slot = slot;
+			break;
+		}
+		if (slot->dboid == InvalidOid && free_slot == NULL)
+			free_slot = slot;
+	}
+	if (my_slot == NULL && free_slot != NULL)
+	{
+		free_slot->dboid = MyDatabaseId;
+		reset_slot(free_slot);
+		free_slot->last_sweep_at = 0;
+		free_slot->last_sweep_error[0] = '\0';
+		my_slot = free_slot;
+	}
+	LWLockRelease(shared->lock);
+
+	my_slot_db = MyDatabaseId;
+	return my_slot;
+}
+
+void
+idem_stats_add(IdemCounter counter, uint64 n)
+{
+	IdemDatabaseStats *slot;
+
+	if (n == 0 || (slot = database_slot()) == NULL)
+		return;
+	pg_atomic_fetch_add_u64(&slot->counters[counter], n);
+}
+
+/* Count one idem_claim outcome. */
+void
+idem_stats_count_claim(const IdemClaimResult *res)
+{
+	static const IdemCounter by_outcome[] = {
+		[IDEM_OUTCOME_CLAIMED] = IDEM_STAT_CLAIMED,
+		[IDEM_OUTCOME_REPLAY] = IDEM_STAT_REPLAYS,
+		[IDEM_OUTCOME_FAILED] = IDEM_STAT_FAILED_REPLAYS,
+		[IDEM_OUTCOME_IN_PROGRESS] = IDEM_STAT_IN_PROGRESS,
+		[IDEM_OUTCOME_MISMATCH] = IDEM_STAT_MISMATCHES,
+	};
+	IdemDatabaseStats *slot = database_slot();
+
+	if (slot == NULL)
+		return;
+	pg_atomic_fetch_add_u64(&slot->counters[IDEM_STAT_CLAIMS], 1);
+	pg_atomic_fetch_add_u64(&slot->counters[by_outcome[res->outcome]], 1);
+	if (res->took_over)
+		pg_atomic_fetch_add_u64(&slot->counters[IDEM_STAT_TAKEOVERS], 1);
+	if (res->stale_failed)
+		pg_atomic_fetch_add_u64(&slot->counters[IDEM_STAT_SWEPT_STALE], 1);
+}
+
+/*
+ * Record the end of a sweep pass over this database (error NULL when it
+ * succeeded).
+ */
+void
+idem_stats_sweep_finished(TimestampTz started, TimestampTz finished,
+						  const IdemSweepCounts *counts, const char *error)
+{
+	IdemDatabaseStats *slot = database_slot();
+
+	if (slot == NULL)
+		return;
+	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	slot->last_sweep_at = finished;
+	slot->last_sweep_ms = (double) (finished - started) / 1000.0;
+	slot->last_sweep_removed = counts->expired_removed + counts->stale_released;
+	slot->sweeps++;
+	strlcpy(slot->last_sweep_error, error ? error : "", IDEM_STATS_ERROR_LEN);
+	LWLockRelease(shared->lock);
+}
+
+static void
+require_shared(void)
+{
+	if (shared == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency statistics need the library in shared_preload_libraries"),
+				 errhint("Add 'idempotency' to shared_preload_libraries and restart the server.")));
+}
+
+/*
+ * idem_stats_read() RETURNS SETOF record: one row per database counted
+ * since the server started.  Wrapped by the view idem_stats.
+ */
+Datum
+idem_stats_read(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	require_shared();
+	InitMaterializedSRF(fcinfo, 0);
+
+	for (int i = 0; i < IDEM_STATS_MAX_DATABASES; i++)
+	{
+		IdemDatabaseStats *slot = &shared->dbs[i];
+		Datum		values[IDEM_NUM_COUNTERS + 8];
+		bool		nulls[IDEM_NUM_COUNTERS + 8] = {false};
+		char	   *datname;
+		int			col = 0;
+		Oid			dboid;
+
+		LWLockAcquire(shared->lock, LW_SHARED);
+		dboid = slot->dboid;
+		LWLockRelease(shared->lock);
+		if (!OidIsValid(dboid))
+			continue;
+
+		values[col++] = ObjectIdGetDatum(dboid);
+		datname = get_database_name(dboid);
+		nulls[col] = datname == NULL;
+		values[col++] = datname ? CStringGetTextDatum(datname) : (Datum) 0;
+		for (int c = 0; c < IDEM_NUM_COUNTERS; c++)
+			values[col++] = Int64GetDatum((int64) pg_atomic_read_u64(&slot->counters[c]));
+
+		LWLockAcquire(shared->lock, LW_SHARED);
+		nulls[col] = slot->last_sweep_at == 0;
+		values[col++] = TimestampTzGetDatum(slot->last_sweep_at);
+		nulls[col] = slot->last_sweep_at == 0;
+		values[col++] = Float8GetDatum(slot->last_sweep_ms);
+		nulls[col] = slot->last_sweep_at == 0;
+		values[col++] = Int64GetDatum((int64) slot->last_sweep_removed);
+		nulls[col] = slot->last_sweep_error[0] == '\0';
+		values[col++] = CStringGetTextDatum(slot->last_sweep_error);
+		values[col++] = Int64GetDatum((int64) slot->sweeps);
+		values[col++] = TimestampTzGetDatum(slot->stats_reset);
+		LWLockRelease(shared->lock);
+
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
+
+/*
+ * idem_stats_reset() RETURNS void: zero this database's counters.
+ */
+Datum
+idem_stats_reset(PG_FUNCTION_ARGS)
+{
+	IdemDatabaseStats *slot;
+
+	require_shared();
+	slot = database_slot();
+	if (slot != NULL)
+	{
+		LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+		reset_slot(slot);
+		LWLockRelease(shared->lock);
+	}
+	PG_RETURN_VOID();
+}

@@ -1,0 +1,602 @@
+/*
+ * store.c
+ *		The only code that reads or writes idempotency_records.
+ *
+ * Every access is a prepared SPI statement on the schema-qualified table,
+ * never a direct heap or index scan: privileges and row-level security stay
+ * in force, and the same statements work when the table is a distributed
+ * shell on a scale-out cluster.  Each hot-path statement targets one
+ * (tenant_id, key); "now" is computed in C and passed as a parameter.
+ *
+ * Plans are prepared once per backend and kept.  A relcache callback on the
+ * table forgets them when the extension is dropped and created again.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "lib/stringinfo.h"
+#include "utils/builtins.h"
+#include "utils/inval.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+
+#include "idempotency.h"
+
+typedef enum IdemQuery
+{
+	Q_READ,
+	Q_INSERT,
+	Q_TAKE_OVER,
+	Q_FAIL_STALE,
+	Q_FINISH,
+	Q_DELETE_CLAIM,
+	Q_EXTEND_LEASE,
+	Q_FORGET,
+	Q_SWEEP_ALL,
+	Q_SWEEP_TERMINAL,
+	Q_SWEEP_FAIL_STALE,
+	NUM_QUERIES
+} IdemQuery;
+
+/*
+ * Statement texts.  "%1$s" is the quoted, schema-qualified table name.
+ * Operators are qualified so that nothing in search_path can capture them.
+ */
+#define EQ " OPERATOR(pg_catalog.=) "
+#define BY_KEY " WHERE tenant_id" EQ "$1 AND key" EQ "$2 "
+
+static const char *const query_text[NUM_QUERIES] = {
+	[Q_READ] =
+	"SELECT status, token, fingerprint, response, expires_at, lease_expires_at,"
+	" created_at, updated_at, xmin FROM %1$s" BY_KEY,
+
+	[Q_INSERT] =
+	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
+	" created_at, updated_at, ttl, status, fingerprint)"
+	" VALUES ($1, $2, $3, $4, $4, $5, $5, $6, 'processing', $7)"
+	" ON CONFLICT (tenant_id, key) DO NOTHING",
+
+	/* $8: a new lifetime (expired record reused) rather than a takeover */
+	[Q_TAKE_OVER] =
+	"UPDATE %1$s SET status = 'processing', token = token OPERATOR(pg_catalog.+) 1,"
+	" fingerprint = CASE WHEN $8 THEN $4 ELSE COALESCE($4, fingerprint) END,"
+	" created_at = CASE WHEN $8 THEN $5 ELSE created_at END,"
+	" response = NULL, lease_expires_at = $6, expires_at = $6, ttl = $7, updated_at = $5"
+	BY_KEY "AND token" EQ "$3 AND expires_at OPERATOR(pg_catalog.<=) $5"
+	" RETURNING token",
+
+	[Q_FAIL_STALE] =
+	"UPDATE %1$s SET status = 'failed', response = $4, lease_expires_at = NULL,"
+	" expires_at = $5 OPERATOR(pg_catalog.+) ttl, updated_at = $5"
+	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
+	" AND expires_at OPERATOR(pg_catalog.<=) $5"
+	" RETURNING status, token, fingerprint, response, expires_at, lease_expires_at,"
+	" created_at, updated_at, xmin",
+
+	[Q_FINISH] =
+	"UPDATE %1$s SET status = $4, response = $5, lease_expires_at = NULL,"
+	" expires_at = $6 OPERATOR(pg_catalog.+) ttl, updated_at = $6"
+	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+
+	[Q_DELETE_CLAIM] =
+	"DELETE FROM %1$s" BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+
+	[Q_EXTEND_LEASE] =
+	"UPDATE %1$s SET lease_expires_at = $4, expires_at = $4, updated_at = $5"
+	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+
+	[Q_FORGET] =
+	"DELETE FROM %1$s" BY_KEY,
+
+	/*
+	 * Sweep batches lock their rows with SKIP LOCKED, so they never wait on
+	 * a live claim, and re-check the expiry on the newest row version.
+	 */
+	[Q_SWEEP_ALL] =
+	"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+	" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+	" AND expires_at OPERATOR(pg_catalog.>=) $3"
+	" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
+	" RETURNING status" EQ "'processing', expires_at",
+
+	[Q_SWEEP_TERMINAL] =
+	"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+	" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+	" AND expires_at OPERATOR(pg_catalog.>=) $3"
+	" AND status OPERATOR(pg_catalog.<>) 'processing'"
+	" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
+	" RETURNING false, expires_at",
+
+	[Q_SWEEP_FAIL_STALE] =
+	"UPDATE %1$s SET status = 'failed', response = $3, lease_expires_at = NULL,"
+	" expires_at = $1 OPERATOR(pg_catalog.+) ttl, updated_at = $1"
+	" WHERE ctid" EQ "ANY (ARRAY("
+	" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+	" AND status" EQ "'processing'"
+	" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+};
+
+static const Oid query_argtypes[NUM_QUERIES][8] = {
+	[Q_READ] = {TEXTOID, TEXTOID},
+	[Q_INSERT] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+	INTERVALOID, TEXTOID},
+	[Q_TAKE_OVER] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID,
+	TIMESTAMPTZOID, INTERVALOID, BOOLOID},
+	[Q_FAIL_STALE] = {TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID},
+	[Q_FINISH] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID},
+	[Q_DELETE_CLAIM] = {TEXTOID, TEXTOID, INT8OID},
+	[Q_EXTEND_LEASE] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID},
+	[Q_FORGET] = {TEXTOID, TEXTOID},
+	[Q_SWEEP_ALL] = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID},
+	[Q_SWEEP_TERMINAL] = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID},
+	[Q_SWEEP_FAIL_STALE] = {TIMESTAMPTZOID, INT4OID, JSONBOID},
+};
+
+static const int query_nargs[NUM_QUERIES] = {
+	[Q_READ] = 2,
+	[Q_INSERT] = 7,
+	[Q_TAKE_OVER] = 8,
+	[Q_FAIL_STALE] = 5,
+	[Q_FINISH] = 6,
+	[Q_DELETE_CLAIM] = 3,
+	[Q_EXTEND_LEASE] = 5,
+	[Q_FORGET] = 2,
+	[Q_SWEEP_ALL] = 3,
+	[Q_SWEEP_TERMINAL] = 3,
+	[Q_SWEEP_FAIL_STALE] = 3,
+};
+
+/* Backend-local cache: where the table is, and the plans that use it. */
+static Oid	cached_schema = InvalidOid;
+static Oid	cached_table = InvalidOid;
+static SPIPlanPtr plans[NUM_QUERIES];
+static bool relcache_callback_registered = false;
+
+/* Memory context of the caller, for results that outlive SPI_finish. */
+static MemoryContext caller_context = NULL;
+
+static Datum stale_failure_response = (Datum) 0;
+
+/*
+ * Any invalidation of our table (DROP EXTENSION, ALTER TABLE, a full cache
+ * reset) makes the next call look the table up again.  Plans are freed
+ * there, not here: an invalidation callback must not free memory that a
+ * running statement may be using.
+ */
+static void
+store_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == cached_table)
+		cached_table = InvalidOid;
+}
+
+static void
+store_forget_plans(void)
+{
+	for (int i = 0; i < NUM_QUERIES; i++)
+	{
+		if (plans[i] != NULL)
+			SPI_freeplan(plans[i]);
+		plans[i] = NULL;
+	}
+}
+
+/*
+ * Point the cache at the records table in schema nsp.
+ */
+static void
+store_attach(Oid nsp)
+{
+	Oid			table;
+
+	if (nsp == cached_schema && OidIsValid(cached_table))
+		return;
+
+	if (!relcache_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(store_relcache_callback, (Datum) 0);
+		relcache_callback_registered = true;
+	}
+
+	table = get_relname_relid("idempotency_records", nsp);
+	if (!OidIsValid(table))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("table idempotency_records does not exist in schema \"%s\"",
+						get_namespace_name(nsp)),
+				 errhint("Drop and create the idempotency extension again.")));
+
+	store_forget_plans();
+	cached_schema = nsp;
+	cached_table = table;
+}
+
+/*
+ * Start a call: find the table through the schema of the function being
+ * called (the extension's schema) and connect to SPI.
+ */
+void
+idem_store_begin(FunctionCallInfo fcinfo)
+{
+	Oid			nsp = get_func_namespace(fcinfo->flinfo->fn_oid);
+
+	store_attach(nsp);
+	caller_context = CurrentMemoryContext;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+}
+
+/*
+ * Start work for a caller that is not a SQL function of ours (the sweeper
+ * worker), given the extension's schema.
+ */
+void
+idem_store_begin_in_schema(Oid nsp)
+{
+	store_attach(nsp);
+	caller_context = CurrentMemoryContext;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+}
+
+void
+idem_store_end(void)
+{
+	SPI_finish();
+	caller_context = NULL;
+}
+
+Oid
+idem_store_schema(void)
+{
+	return cached_schema;
+}
+
+Oid
+idem_store_table(void)
+{
+	return cached_table;
+}
+
+static SPIPlanPtr
+store_plan(IdemQuery q)
+{
+	if (plans[q] == NULL)
+	{
+		char	   *qualified;
+		StringInfoData sql;
+		SPIPlanPtr	plan;
+
+		qualified = quote_qualified_identifier(get_namespace_name(cached_schema),
+											   "idempotency_records");
+		initStringInfo(&sql);
+		appendStringInfo(&sql, query_text[q], qualified);
+
+		plan = SPI_prepare(sql.data, query_nargs[q], (Oid *) query_argtypes[q]);
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+				 sql.data, SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		plans[q] = plan;
+		pfree(sql.data);
+	}
+	return plans[q];
+}
+
+/*
+ * Run a prepared statement.  Reads that must see rows committed since the
+ * statement began (the claim's retry loop) pass read_only = false, which
+ * gives them a fresh snapshot under READ COMMITTED.
+ */
+static uint64
+store_run(IdemQuery q, Datum *values, const char *nulls, bool read_only,
+		  long tcount)
+{
+	int			rc;
+
+	rc = SPI_execute_plan(store_plan(q), values, nulls, read_only, tcount);
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+	return SPI_processed;
+}
+
+static Datum
+interval_datum(int64 us)
+{
+	Interval   *span = palloc0(sizeof(Interval));
+
+	span->time = us;
+	return IntervalPGetDatum(span);
+}
+
+static IdemStatus
+status_from_text(const char *s)
+{
+	switch (s[0])
+	{
+		case 'p':
+			return IDEM_PROCESSING;
+		case 'c':
+			return IDEM_COMPLETED;
+		case 'f':
+			return IDEM_FAILED;
+	}
+	ereport(ERROR,
+			(errcode(ERRCODE_DATA_CORRUPTED),
+			 errmsg("idempotency record has unknown status \"%s\"", s)));
+	return IDEM_FAILED;			/* keep compiler quiet */
+}
+
+const char *
+idem_status_name(IdemStatus status)
+{
+	switch (status)
+	{
+		case IDEM_PROCESSING:
+			return "processing";
+		case IDEM_COMPLETED:
+			return "completed";
+		case IDEM_FAILED:
+			return "failed";
+	}
+	return "unknown";
+}
+
+/*
+ * Copy a varlena out of an SPI tuple into the caller's context, detoasted,
+ * so it survives SPI_finish.
+ */
+static Datum
+copy_varlena_out(Datum d)
+{
+	MemoryContext old = MemoryContextSwitchTo(caller_context);
+	struct varlena *copy = PG_DETOAST_DATUM_COPY(d);
+
+	MemoryContextSwitchTo(old);
+	return PointerGetDatum(copy);
+}
+
+/* Fill rec from row 0 of SPI_tuptable, laid out as Q_READ's select list. */
+static void
+record_from_tuple(IdemRecord *rec)
+{
+	HeapTuple	tup = SPI_tuptable->vals[0];
+	TupleDesc	desc = SPI_tuptable->tupdesc;
+	bool		isnull;
+	Datum		d;
+
+	d = SPI_getbinval(tup, desc, 1, &isnull);
+	rec->status = status_from_text(TextDatumGetCString(d));
+	rec->token = DatumGetInt64(SPI_getbinval(tup, desc, 2, &isnull));
+
+	d = SPI_getbinval(tup, desc, 3, &isnull);
+	rec->fingerprint = isnull ? NULL : (text *) DatumGetPointer(copy_varlena_out(d));
+
+	d = SPI_getbinval(tup, desc, 4, &rec->response_isnull);
+	rec->response = rec->response_isnull ? (Datum) 0 : copy_varlena_out(d);
+
+	rec->expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 5, &isnull));
+	rec->lease_expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 6,
+															  &rec->lease_isnull));
+	rec->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 7, &isnull));
+	rec->updated_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 8, &isnull));
+	rec->xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 9, &isnull));
+}
+
+/*
+ * Read the record of k.  Returns false when there is none.  fresh_snapshot
+ * (for volatile callers) sees what was committed since the statement began.
+ */
+bool
+idem_store_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot)
+{
+	Datum		values[2] = {PointerGetDatum(k->tenant_id), PointerGetDatum(k->key)};
+
+	if (store_run(Q_READ, values, "  ", !fresh_snapshot, 1) == 0)
+		return false;
+	record_from_tuple(rec);
+	return true;
+}
+
+/*
+ * Insert a fresh processing record.  Returns false when the key exists (a
+ * conflict never raises a unique violation into the caller's transaction).
+ */
+bool
+idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
+				  TimestampTz now, TimestampTz lease_expires_at, int64 ttl_us)
+{
+	Datum		values[7];
+	char		nulls[8] = "      ";
+
+	values[0] = PointerGetDatum(k->tenant_id);
+	values[1] = PointerGetDatum(k->key);
+	values[2] = Int64GetDatum(token);
+	values[3] = TimestampTzGetDatum(lease_expires_at);
+	values[4] = TimestampTzGetDatum(now);
+	values[5] = interval_datum(ttl_us);
+	values[6] = PointerGetDatum(fingerprint);
+	nulls[6] = fingerprint ? ' ' : 'n';
+
+	return store_run(Q_INSERT, values, nulls, false, 0) == 1;
+}
+
+/*
+ * Give an expired record (stale claim, or retention over) to a new claim:
+ * token + 1, processing, new lease.  Fails (returns false) if the record
+ * changed since it was read.
+ */
+bool
+idem_store_take_over(const IdemKey *k, int64 old_token, text *fingerprint,
+					 bool new_lifetime, TimestampTz now,
+					 TimestampTz lease_expires_at, int64 ttl_us)
+{
+	Datum		values[8];
+	char		nulls[9] = "        ";
+
+	values[0] = PointerGetDatum(k->tenant_id);
+	values[1] = PointerGetDatum(k->key);
+	values[2] = Int64GetDatum(old_token);
+	values[3] = PointerGetDatum(fingerprint);
+	nulls[3] = fingerprint ? ' ' : 'n';
+	values[4] = TimestampTzGetDatum(now);
+	values[5] = TimestampTzGetDatum(lease_expires_at);
+	values[6] = interval_datum(ttl_us);
+	values[7] = BoolGetDatum(new_lifetime);
+
+	return store_run(Q_TAKE_OVER, values, nulls, false, 0) == 1;
+}
+
+/*
+ * Turn a stale claim into a failed record (idempotency.stale_action =
+ * 'fail') and return the result in rec.
+ */
+bool
+idem_store_fail_stale(const IdemKey *k, int64 old_token, TimestampTz now,
+					  IdemRecord *rec)
+{
+	Datum		values[5];
+
+	values[0] = PointerGetDatum(k->tenant_id);
+	values[1] = PointerGetDatum(k->key);
+	values[2] = Int64GetDatum(old_token);
+	values[3] = idem_stale_failure_response();
+	values[4] = TimestampTzGetDatum(now);
+
+	if (store_run(Q_FAIL_STALE, values, "     ", false, 0) != 1)
+		return false;
+	record_from_tuple(rec);
+	return true;
+}
+
+/*
+ * Settle a claim as completed or failed, fenced by its token.
+ */
+bool
+idem_store_finish(const IdemKey *k, int64 token, IdemStatus status,
+				  Datum response, bool response_isnull, TimestampTz now)
+{
+	Datum		values[6];
+	char		nulls[7] = "      ";
+
+	Assert(status != IDEM_PROCESSING);
+	values[0] = PointerGetDatum(k->tenant_id);
+	values[1] = PointerGetDatum(k->key);
+	values[2] = Int64GetDatum(token);
+	values[3] = CStringGetTextDatum(idem_status_name(status));
+	values[4] = response;
+	nulls[4] = response_isnull ? 'n' : ' ';
+	values[5] = TimestampTzGetDatum(now);
+
+	return store_run(Q_FINISH, values, nulls, false, 0) == 1;
+}
+
+bool
+idem_store_delete_claim(const IdemKey *k, int64 token)
+{
+	Datum		values[3];
+
+	values[0] = PointerGetDatum(k->tenant_id);
+	values[1] = PointerGetDatum(k->key);
+	values[2] = Int64GetDatum(token);
+
+	return store_run(Q_DELETE_CLAIM, values, "   ", false, 0) == 1;
+}
+
+bool
+idem_store_extend_lease(const IdemKey *k, int64 token, TimestampTz now,
+						TimestampTz lease_expires_at)
+{
+	Datum		values[5];
+
+	values[0] = PointerGetDatum(k->tenant_id);
+	values[1] = PointerGetDatum(k->key);
+	values[2] = Int64GetDatum(token);
+	values[3] = TimestampTzGetDatum(lease_expires_at);
+	values[4] = TimestampTzGetDatum(now);
+
+	return store_run(Q_EXTEND_LEASE, values, "     ", false, 0) == 1;
+}
+
+bool
+idem_store_forget(const IdemKey *k)
+{
+	Datum		values[2] = {PointerGetDatum(k->tenant_id), PointerGetDatum(k->key)};
+
+	return store_run(Q_FORGET, values, "  ", false, 0) == 1;
+}
+
+/*
+ * Delete one batch of expired records, those expiring at or after *from
+ * (each batch starts where the previous one ended, so a pass never walks
+ * the index entries of rows it already deleted).  With
+ * include_stale_claims, expired claims go too (stale_action = release) and
+ * are counted in *stale_released.  Returns the number of rows deleted and
+ * advances *from.
+ */
+uint64
+idem_store_sweep_expired(TimestampTz now, int batch_size,
+						 bool include_stale_claims, TimestampTz *from,
+						 uint64 *stale_released)
+{
+	Datum		values[3];
+	uint64		n;
+
+	values[0] = TimestampTzGetDatum(now);
+	values[1] = Int32GetDatum(batch_size);
+	values[2] = TimestampTzGetDatum(*from);
+	n = store_run(include_stale_claims ? Q_SWEEP_ALL : Q_SWEEP_TERMINAL,
+				  values, "   ", false, 0);
+	*stale_released = 0;
+	for (uint64 i = 0; i < n; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		TimestampTz expires_at;
+
+		if (DatumGetBool(SPI_getbinval(tup, desc, 1, &isnull)))
+			(*stale_released)++;
+		expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 2, &isnull));
+		if (expires_at > *from)
+			*from = expires_at;
+	}
+	return n;
+}
+
+/*
+ * Turn one batch of expired claims into failed records.
+ */
+uint64
+idem_store_sweep_fail_stale(TimestampTz now, int batch_size)
+{
+	Datum		values[3];
+
+	values[0] = TimestampTzGetDatum(now);
+	values[1] = Int32GetDatum(batch_size);
+	values[2] = idem_stale_failure_response();
+	return store_run(Q_SWEEP_FAIL_STALE, values, "   ", false, 0);
+}
+
+/*
+ * The failure stored for a claim whose lease ran out under
+ * stale_action = 'fail'.  Built once per backend.
+ */
+Datum
+idem_stale_failure_response(void)
+{
+	if (stale_failure_response == (Datum) 0)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		stale_failure_response =
+			DirectFunctionCall1(jsonb_in,
+								CStringGetDatum("{\"error\": \"lease_expired\"}"));
+		MemoryContextSwitchTo(old);
+	}
+	return stale_failure_response;
+}

@@ -1,0 +1,127 @@
+/*
+ * sweep.c
+ *		One sweep pass over this database: expired completed/failed records
+ *		are deleted; claims whose lease expired are released (deleted) or,
+ *		with idempotency.stale_action = 'fail', turned into failed records.
+ *
+ * idem_sweep() runs a pass in the caller's transaction (pg_cron, by hand);
+ * the background worker runs the same batches, committing after each.
+ * Batches lock their rows with SKIP LOCKED, so a sweep never waits on a live
+ * claim and never takes a row a claim is settling.  A per-database advisory
+ * lock keeps two sweeps (worker and idem_sweep) off the same database.
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/lock.h"
+#include "utils/timestamp.h"
+
+#include "idempotency.h"
+
+PG_FUNCTION_INFO_V1(idem_sweep);
+
+#define IDEM_SWEEPLOCK_CLASS	0x4945		/* "IE" */
+
+void
+idem_sweep_cursor_init(IdemSweepCursor *cursor)
+{
+	cursor->expired_from = DT_NOBEGIN;
+}
+
+/*
+ * Run one batch in the current transaction.  Returns true when a batch came
+ * back full, so that more expired rows may be waiting.
+ */
+bool
+idem_sweep_batch(int batch_size, IdemSweepCursor *cursor,
+				 IdemSweepCounts *counts)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	bool		fail_stale = idem_stale_action == IDEM_STALE_FAIL;
+	uint64		failed = 0;
+	uint64		released;
+	uint64		deleted;
+
+	if (fail_stale)
+		failed = idem_store_sweep_fail_stale(now, batch_size);
+	deleted = idem_store_sweep_expired(now, batch_size, !fail_stale,
+									   &cursor->expired_from, &released);
+
+	counts->expired_removed += deleted - released;
+	counts->stale_released += released;
+	counts->stale_failed += failed;
+	idem_stats_add(IDEM_STAT_SWEPT_EXPIRED, deleted - released);
+	idem_stats_add(IDEM_STAT_SWEPT_STALE, released + failed);
+
+	return deleted == (uint64) batch_size || failed == (uint64) batch_size;
+}
+
+static void
+sweeplock_tag(LOCKTAG *tag)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, 0, 0, IDEM_SWEEPLOCK_CLASS);
+}
+
+/*
+ * Take this database's sweep lock, for the session (the worker, across its
+ * batch transactions) or the transaction (idem_sweep).  Without wait,
+ * returns false when another sweep holds it.
+ */
+bool
+idem_sweep_lock(bool session_lock, bool wait)
+{
+	LOCKTAG		tag;
+
+	sweeplock_tag(&tag);
+	return LockAcquire(&tag, ExclusiveLock, session_lock, !wait) != LOCKACQUIRE_NOT_AVAIL;
+}
+
+void
+idem_sweep_unlock(bool session_lock)
+{
+	LOCKTAG		tag;
+
+	sweeplock_tag(&tag);
+	LockRelease(&tag, ExclusiveLock, session_lock);
+}
+
+/*
+ * idem_sweep(batch_size) RETURNS (expired_removed, stale_released, stale_failed)
+ *
+ * One pass in the caller's transaction.  Waits for a sweep already running
+ * on this database (the worker's) to finish its pass.
+ */
+Datum
+idem_sweep(PG_FUNCTION_ARGS)
+{
+	int			batch_size = PG_ARGISNULL(0) ? idem_sweep_batch_size : PG_GETARG_INT32(0);
+	IdemSweepCounts counts = {0};
+	IdemSweepCursor cursor;
+	TimestampTz started = GetCurrentTimestamp();
+	TupleDesc	desc;
+	Datum		values[3];
+	bool		nulls[3] = {false};
+
+	if (batch_size <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("batch_size must be positive")));
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "idem_sweep must return a composite type");
+
+	idem_store_begin(fcinfo);
+	(void) idem_sweep_lock(false, true);
+	idem_sweep_cursor_init(&cursor);
+	while (idem_sweep_batch(batch_size, &cursor, &counts))
+		CHECK_FOR_INTERRUPTS();
+	idem_store_end();
+	idem_stats_sweep_finished(started, GetCurrentTimestamp(), &counts, NULL);
+
+	values[0] = Int64GetDatum((int64) counts.expired_removed);
+	values[1] = Int64GetDatum((int64) counts.stale_released);
+	values[2] = Int64GetDatum((int64) counts.stale_failed);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc),
+													  values, nulls)));
+}
