@@ -99,11 +99,13 @@ idem_stats_request_shmem(void)
 	shmem_startup_hook = stats_shmem_startup;
 }
 
+/* Zero the counters of a slot; the caller holds the lock (or owns the slot). */
 static void
 reset_slot(IdemDatabaseStats *slot)
 {
 	for (int c = 0; c < IDEM_NUM_COUNTERS; c++)
 		pg_atomic_write_u64(&slot->counters[c], 0);
+	slot->sweeps = 0;
 	slot->stats_reset = GetCurrentTimestamp();
 }
 

@@ -1,0 +1,42 @@
+-- idem_claim_many: a consumer's batch in one statement, same rules per key.
+TRUNCATE idempotency_records;
+SELECT idem_complete('q', 'm-2', token, '{"done": 2}') FROM idem_claim('q', 'm-2', 'fp-2');
+SELECT outcome FROM idem_claim('q', 'm-3', lease => '1 hour');
+
+-- one row per element, in input order: fresh, replay, in progress, repeated
+-- in the batch, mismatch
+SELECT key, outcome, token IS NOT NULL AS has_token, response
+FROM idem_claim_many('q', ARRAY['m-1', 'm-2', 'm-3', 'm-1', 'm-2'],
+                     fingerprints => ARRAY['fp-1', 'fp-2', NULL, 'fp-1', 'fp-other']);
+SELECT key, status FROM idempotency_records WHERE tenant_id = 'q' ORDER BY key;
+
+-- the claimed keys are settled one by one with their tokens
+SELECT idem_complete('q', key, token, jsonb_build_object('k', key))
+FROM idem_claim_many('q', ARRAY['b-1', 'b-2', 'b-3']) WHERE outcome = 'claimed';
+SELECT key, outcome, response FROM idem_claim_many('q', ARRAY['b-3', 'b-1']);
+
+-- lease and ttl apply to every key
+SELECT count(*) FILTER (WHERE expires_at BETWEEN now() + interval '50 s' AND now() + interval '70 s') AS one_minute_leases
+FROM idem_claim_many('q', ARRAY['l-1', 'l-2'], lease => '1 min', ttl => '2 hours');
+SELECT DISTINCT ttl FROM idempotency_records WHERE key LIKE 'l-%';
+
+-- an empty batch returns nothing
+SELECT count(*) FROM idem_claim_many('q', ARRAY[]::text[]);
+
+-- bad batches are refused before any key is claimed
+\set VERBOSITY terse
+SELECT * FROM idem_claim_many('q', ARRAY['x-1', NULL]);
+SELECT * FROM idem_claim_many('q', ARRAY['x-1', '']);
+SELECT * FROM idem_claim_many('q', ARRAY['x-1', repeat('k', 256)]);
+SELECT * FROM idem_claim_many('q', ARRAY['x-1', 'x-2'], fingerprints => ARRAY['f']);
+SELECT * FROM idem_claim_many('q', ARRAY['x-1'], fingerprints => ARRAY['']);
+SELECT * FROM idem_claim_many('q', NULL);
+SELECT * FROM idem_claim_many(NULL, ARRAY['x-1']);
+SELECT * FROM idem_claim_many('q', ARRAY[['x-1'], ['x-2']]);
+SELECT * FROM idem_claim_many('q', (SELECT array_agg('k' || i) FROM generate_series(1, 1001) i));
+SELECT * FROM idem_claim_many('q', ARRAY['x-1'], lease => '0');
+\set VERBOSITY default
+SELECT count(*) AS x_rows FROM idempotency_records WHERE key LIKE 'x-%' OR key LIKE 'k%';
+-- the maximum batch is accepted
+SELECT count(*) FILTER (WHERE outcome = 'claimed') AS claimed
+FROM idem_claim_many('q', (SELECT array_agg('max-' || i) FROM generate_series(1, 1000) i));

@@ -1,0 +1,31 @@
+-- idem_stats: counters in shared memory (the test instance preloads the library).
+SELECT idem_stats_reset();
+SELECT claims, claimed, replays, in_progress, mismatches, failed_replays, takeovers,
+       completes, releases, heartbeats, swept_stale, swept_expired
+FROM idem_stats WHERE datname = current_database();
+
+SELECT token AS t FROM idem_claim('st', 'a', 'fp') \gset
+SELECT outcome FROM idem_claim('st', 'a', 'fp');                  -- in_progress
+SELECT idem_heartbeat('st', 'a', :t) IS NOT NULL;
+SELECT idem_complete('st', 'a', :t, '{}');
+SELECT outcome FROM idem_claim('st', 'a', 'fp');                  -- replay
+SELECT outcome FROM idem_claim('st', 'a', 'other');               -- mismatch
+SELECT token AS t FROM idem_claim('st', 'b') \gset
+SELECT idem_release('st', 'b', :t, '{"e": 1}');
+SELECT outcome FROM idem_claim('st', 'b');                        -- failed
+SELECT outcome FROM idem_claim('st', 'c', lease => '1 ms');
+SELECT pg_sleep(0.02);
+SELECT outcome FROM idem_claim('st', 'c');                        -- takeover
+SELECT outcome FROM idem_claim('st', 'd', lease => '1 ms', ttl => '1 ms');
+SELECT pg_sleep(0.02);
+SELECT * FROM idem_sweep();
+SELECT count(*) FROM idem_claim_many('st', ARRAY['e', 'f', 'e']);  -- 2 claimed, 1 in_progress
+
+SELECT claims, claimed, replays, in_progress, mismatches, failed_replays, takeovers,
+       completes, releases, heartbeats, swept_stale, swept_expired,
+       last_sweep_at IS NOT NULL AS swept, sweeps, last_sweep_error
+FROM idem_stats WHERE datname = current_database();
+
+SELECT idem_stats_reset();
+SELECT claims, stats_reset > now() - interval '1 minute' AS reset_recently
+FROM idem_stats WHERE datname = current_database();
