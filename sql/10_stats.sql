@@ -29,3 +29,9 @@ FROM idem_stats WHERE datname = current_database();
 SELECT idem_stats_reset();
 SELECT claims, stats_reset > now() - interval '1 minute' AS reset_recently
 FROM idem_stats WHERE datname = current_database();
+
+-- idempotency.track_stats = off stops counting (the benchmark measures the cost)
+SET idempotency.track_stats = off;
+SELECT outcome FROM idem_claim('st', 'untracked');
+RESET idempotency.track_stats;
+SELECT claims FROM idem_stats WHERE datname = current_database();

@@ -22,6 +22,7 @@ int			idem_stale_action = IDEM_STALE_RELEASE;
 int			idem_max_response_size = 1024 * 1024;
 int			idem_sweep_interval_s = 10;
 int			idem_sweep_batch_size = 1000;
+bool		idem_track_stats = true;
 
 static const struct config_enum_entry stale_action_options[] = {
 	{"release", IDEM_STALE_RELEASE, false},
@@ -95,6 +96,15 @@ idem_define_settings(void)
 							1000, 1, 1000000,
 							PGC_SIGHUP, 0,
 							NULL, NULL, NULL);
+
+	/* a switch so the benchmark can measure what the counters cost */
+	DefineCustomBoolVariable("idempotency.track_stats",
+							 "Count claims, replays, sweeps ... in shared memory (idem_stats).",
+							 "Needs shared_preload_libraries = 'idempotency'.",
+							 &idem_track_stats,
+							 true,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idempotency");
 }

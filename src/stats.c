@@ -115,7 +115,7 @@ database_slot(void)
 {
 	IdemDatabaseStats *free_slot = NULL;
 
-	if (shared == NULL || !OidIsValid(MyDatabaseId))
+	if (shared == NULL || !idem_track_stats || !OidIsValid(MyDatabaseId))
 		return NULL;
 	if (my_slot != NULL && my_slot_db == MyDatabaseId)
 		return my_slot;

@@ -149,9 +149,16 @@ static const int query_nargs[NUM_QUERIES] = {
 	[Q_SWEEP_FAIL_STALE] = 3,
 };
 
-/* Backend-local cache: where the table is, and the plans that use it. */
+/*
+ * Backend-local cache: where the table is, and the plans that use it.
+ * table_verified is cleared by any invalidation of the table (VACUUM and
+ * ANALYZE send one too); the next call looks the table up again and keeps
+ * the plans unless it is a different table (the extension was dropped and
+ * created again).
+ */
 static Oid	cached_schema = InvalidOid;
 static Oid	cached_table = InvalidOid;
+static bool table_verified = false;
 static SPIPlanPtr plans[NUM_QUERIES];
 static bool relcache_callback_registered = false;
 
@@ -161,16 +168,14 @@ static MemoryContext caller_context = NULL;
 static Datum stale_failure_response = (Datum) 0;
 
 /*
- * Any invalidation of our table (DROP EXTENSION, ALTER TABLE, a full cache
- * reset) makes the next call look the table up again.  Plans are freed
- * there, not here: an invalidation callback must not free memory that a
- * running statement may be using.
+ * Plans are freed in store_attach, not here: an invalidation callback must
+ * not free memory that a running statement may be using.
  */
 static void
 store_relcache_callback(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == cached_table)
-		cached_table = InvalidOid;
+		table_verified = false;
 }
 
 static void
@@ -192,7 +197,7 @@ store_attach(Oid nsp)
 {
 	Oid			table;
 
-	if (nsp == cached_schema && OidIsValid(cached_table))
+	if (nsp == cached_schema && table_verified)
 		return;
 
 	if (!relcache_callback_registered)
@@ -209,9 +214,11 @@ store_attach(Oid nsp)
 						get_namespace_name(nsp)),
 				 errhint("Drop and create the idempotency extension again.")));
 
-	store_forget_plans();
+	if (nsp != cached_schema || table != cached_table)
+		store_forget_plans();
 	cached_schema = nsp;
 	cached_table = table;
+	table_verified = true;
 }
 
 /*
