@@ -49,6 +49,7 @@ extern int	idem_stale_action;
 extern int	idem_max_response_size;
 extern int	idem_sweep_interval_s;
 extern int	idem_sweep_batch_size;
+extern bool idem_track_stats;
 
 extern void idem_define_settings(void);
 
@@ -231,5 +232,9 @@ extern void idem_stats_count_claim(const IdemClaimResult *res);
 extern void idem_stats_sweep_finished(TimestampTz started, TimestampTz finished,
 									  const IdemSweepCounts *counts,
 									  const char *error);
+
+/* ---------- background worker (worker.c) ---------- */
+
+extern void idem_worker_register(void);
 
 #endif							/* IDEMPOTENCY_H */
