@@ -33,3 +33,9 @@ include $(PGXS)
 
 $(DATA_built): $(SCRIPT_PARTS) $(EXTENSION).control
 	cat $(SCRIPT_PARTS) > $@
+
+# The TAP suite alone (installcheck runs it after the regression and
+# isolation suites): make prove_installcheck [PROVE_TESTS=test/t/040_x.pl]
+.PHONY: prove_installcheck
+prove_installcheck:
+	$(prove_installcheck)
