@@ -263,6 +263,23 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 }
 
 /*
+ * The (outcome, token, response, expires_at) columns of a claim's result,
+ * shared by idem_claim and idem_claim_many.
+ */
+void
+idem_claim_result_columns(const IdemClaimResult *res, Datum *values, bool *nulls)
+{
+	values[0] = CStringGetTextDatum(idem_outcome_name(res->outcome));
+	nulls[0] = false;
+	values[1] = Int64GetDatum(res->token);
+	nulls[1] = res->token_isnull;
+	values[2] = res->response;
+	nulls[2] = res->response_isnull;
+	values[3] = TimestampTzGetDatum(res->expires_at);
+	nulls[3] = res->expires_at_isnull;
+}
+
+/*
  * Read and check idem_claim's arguments (shared with idem_claim_many for
  * lease, ttl and wait).
  */
@@ -316,14 +333,6 @@ idem_claim(PG_FUNCTION_ARGS)
 	idem_store_end();
 	idem_stats_count_claim(&res);
 
-	values[0] = CStringGetTextDatum(idem_outcome_name(res.outcome));
-	nulls[0] = false;
-	values[1] = Int64GetDatum(res.token);
-	nulls[1] = res.token_isnull;
-	values[2] = res.response;
-	nulls[2] = res.response_isnull;
-	values[3] = TimestampTzGetDatum(res.expires_at);
-	nulls[3] = res.expires_at_isnull;
-
+	idem_claim_result_columns(&res, values, nulls);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(desc, values, nulls)));
 }

@@ -147,14 +147,7 @@ idem_claim_many(PG_FUNCTION_ARGS)
 
 		values[0] = PointerGetDatum(keys[i].key);
 		nulls[0] = false;
-		values[1] = CStringGetTextDatum(idem_outcome_name(res.outcome));
-		nulls[1] = false;
-		values[2] = Int64GetDatum(res.token);
-		nulls[2] = res.token_isnull;
-		values[3] = res.response;
-		nulls[3] = res.response_isnull;
-		values[4] = TimestampTzGetDatum(res.expires_at);
-		nulls[4] = res.expires_at_isnull;
+		idem_claim_result_columns(&res, values + 1, nulls + 1);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	idem_store_end();

@@ -206,6 +206,8 @@ extern void idem_claim_args(FunctionCallInfo fcinfo, int lease_arg,
 extern void idem_claim_one(const IdemKey *k, const IdemClaimArgs *args,
 						   IdemClaimResult *res);
 extern const char *idem_outcome_name(IdemOutcome outcome);
+extern void idem_claim_result_columns(const IdemClaimResult *res,
+									  Datum *values, bool *nulls);
 
 /* ---------- statistics in shared memory (stats.c) ---------- */
 
