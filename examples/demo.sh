@@ -34,4 +34,4 @@ CONF
 echo "throwaway cluster: PostgreSQL $("$bin/postgres" --version | awk '{print $3}') in $dir"
 
 "${as_pg[@]}" env PGHOST="$dir" PGPORT="$port" PGUSER=postgres PGDATABASE=postgres \
-	python3 "$src/examples/demo.py"
+	/usr/bin/python3 "$src/examples/demo.py"
