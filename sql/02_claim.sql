@@ -86,8 +86,10 @@ WHERE locktype = 'advisory' AND objsubid = 18756 AND pid = pg_backend_pid();
 SELECT outcome FROM idem_claim('acme', 'in-savepoint');
 COMMIT;
 
--- a claim that takes the key lock but does not win gives it back at once
--- (here it turns a stale claim into a failed record)
+-- a claim that turns a stale claim into a failed record wrote a row: it keeps
+-- the key lock until it commits, so other claims answer in_progress instead
+-- of waiting on that row (a claim that wrote nothing gives the lock back:
+-- shown by the isolation spec claim-wait)
 SELECT outcome FROM idem_claim('acme', 'stale-lock', lease => '1 ms');
 SELECT pg_sleep(0.02);
 BEGIN;

@@ -258,7 +258,14 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 		now = GetCurrentTimestamp();
 	}
 
-	if (have_lock && res->outcome != IDEM_OUTCOME_CLAIMED)
+	/*
+	 * A claim that wrote nothing gives the key lock back at once, so that it
+	 * does not make later claims report in_progress.  One that wrote (a
+	 * claim, or a stale claim turned into failed) keeps it until its
+	 * transaction ends: its row is uncommitted, and a later claim must see
+	 * the lock and answer in_progress rather than wait on that row.
+	 */
+	if (have_lock && res->outcome != IDEM_OUTCOME_CLAIMED && !res->stale_failed)
 		idem_keylock_release(k);
 }
 

@@ -86,9 +86,19 @@ keylock_wait(const LOCKTAG *tag, int64 wait_us)
 		(void) LockAcquire(tag, ExclusiveLock, false, false);
 		AtEOXact_GUC(true, nestlevel);
 
-		/* the lock moves to the parent transaction's resource owner */
+		/*
+		 * Ending the subtransaction hands the lock to the transaction's
+		 * resource owner, not the caller's.  Take it once more as the caller
+		 * (it is ours, so this cannot wait) and drop the transaction's copy,
+		 * so that idem_keylock_release finds it where every other claim
+		 * keeps it.
+		 */
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(caller_context);
+		CurrentResourceOwner = caller_owner;
+		(void) LockAcquire(tag, ExclusiveLock, false, true);
+		CurrentResourceOwner = CurTransactionResourceOwner;
+		LockRelease(tag, ExclusiveLock, false);
 		CurrentResourceOwner = caller_owner;
 		acquired = true;
 	}
