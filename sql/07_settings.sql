@@ -20,3 +20,20 @@ SELECT * FROM idem_claim('m', 'default-too-short');
 RESET idempotency.ttl;
 RESET idempotency.min_ttl;
 SELECT count(*) FROM idempotency_records WHERE tenant_id = 'm';
+
+-- durability_check: completing under asynchronous commit is reported, or refused
+SET synchronous_commit = off;
+SELECT idem_complete('m', 'long', token, '{"ok": 1}') FROM idempotency_records WHERE key = 'long';
+SELECT token AS t FROM idem_claim('m', 'async-2') \gset
+SET idempotency.durability_check = 'error';
+SELECT idem_release('m', 'async-2', :t, '{"e": 1}');
+SELECT status FROM idempotency_records WHERE key = 'async-2';
+-- a release without a failure stores nothing, so it is not checked
+SELECT idem_release('m', 'async-2', :t);
+SET idempotency.durability_check = 'off';
+SELECT token AS t FROM idem_claim('m', 'async-3') \gset
+SELECT idem_complete('m', 'async-3', :t);
+RESET idempotency.durability_check;
+RESET synchronous_commit;
+SELECT token AS t FROM idem_claim('m', 'sync-1') \gset
+SELECT idem_complete('m', 'sync-1', :t);

@@ -23,6 +23,14 @@ int			idem_max_response_size = 1024 * 1024;
 int			idem_sweep_interval_s = 10;
 int			idem_sweep_batch_size = 1000;
 bool		idem_track_stats = true;
+int			idem_durability_check = IDEM_DURABILITY_WARNING;
+
+static const struct config_enum_entry durability_check_options[] = {
+	{"error", IDEM_DURABILITY_ERROR, false},
+	{"warning", IDEM_DURABILITY_WARNING, false},
+	{"off", IDEM_DURABILITY_OFF, false},
+	{NULL, 0, false}
+};
 
 static const struct config_enum_entry stale_action_options[] = {
 	{"release", IDEM_STALE_RELEASE, false},
@@ -96,6 +104,19 @@ idem_define_settings(void)
 							1000, 1, 1000000,
 							PGC_SIGHUP, 0,
 							NULL, NULL, NULL);
+
+	/*
+	 * A stored outcome that a crash can lose makes its key run again, so
+	 * completing under settings that acknowledge before the commit is
+	 * durable is reported.  SUSET: an administrator decides, not clients.
+	 */
+	DefineCustomEnumVariable("idempotency.durability_check",
+							 "What idem_complete and idem_release do when a crash or failover could lose the outcome they store.",
+							 "Checked: synchronous_commit = off, and synchronous_commit = local with synchronous_standby_names set.",
+							 &idem_durability_check,
+							 IDEM_DURABILITY_WARNING, durability_check_options,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
 
 	/* a switch so the benchmark can measure what the counters cost */
 	DefineCustomBoolVariable("idempotency.track_stats",

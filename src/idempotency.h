@@ -42,6 +42,13 @@ typedef enum IdemStaleAction
 	IDEM_STALE_FAIL				/* an expired claim becomes 'failed' */
 } IdemStaleAction;
 
+typedef enum IdemDurabilityCheck
+{
+	IDEM_DURABILITY_OFF,
+	IDEM_DURABILITY_WARNING,
+	IDEM_DURABILITY_ERROR
+} IdemDurabilityCheck;
+
 extern int	idem_default_lease_ms;
 extern int	idem_default_ttl_s;
 extern int	idem_min_ttl_s;
@@ -50,6 +57,7 @@ extern int	idem_max_response_size;
 extern int	idem_sweep_interval_s;
 extern int	idem_sweep_batch_size;
 extern bool idem_track_stats;
+extern int	idem_durability_check;
 
 extern void idem_define_settings(void);
 

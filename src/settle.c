@@ -10,6 +10,8 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
+#include "replication/syncrep.h"
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
@@ -43,6 +45,37 @@ report_refused(const IdemKey *k, int64 token, const char *action)
 			 errmsg("cannot %s: the key is already %s", action, idem_status_name(rec.status))));
 }
 
+/*
+ * A stored outcome is the promise that the key never runs again.  If the
+ * commit that stores it can be acknowledged and then lost (asynchronous
+ * commit, or a local-only commit where a synchronous standby is expected),
+ * a crash or failover re-opens the key and the work runs twice.  (fsync =
+ * off is a server-wide choice that risks far more than this, and test
+ * servers use it; it is documented rather than checked.)
+ * idempotency.durability_check decides whether that is reported or refused.
+ */
+static void
+check_durability(const char *action)
+{
+	const char *weakness = NULL;
+
+	if (idem_durability_check == IDEM_DURABILITY_OFF)
+		return;
+	if (synchronous_commit == SYNCHRONOUS_COMMIT_OFF)
+		weakness = "synchronous_commit is off";
+	else if (synchronous_commit == SYNCHRONOUS_COMMIT_LOCAL_FLUSH &&
+			 SyncRepStandbyNames != NULL && SyncRepStandbyNames[0] != '\0')
+		weakness = "synchronous_commit is local while synchronous_standby_names is set";
+	if (weakness == NULL)
+		return;
+
+	ereport(idem_durability_check == IDEM_DURABILITY_ERROR ? ERROR : WARNING,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("%s stores an outcome that a crash or failover can lose: %s", action, weakness),
+			 errdetail("If the commit is lost after it was acknowledged, the key can be claimed and the work run again."),
+			 errhint("Use synchronous_commit = on (or remote_apply with a synchronous standby) for transactions that settle claims, or set idempotency.durability_check = off to accept the risk.")));
+}
+
 /* Read the (tenant_id, key, token) arguments every fenced write starts with. */
 static void
 fenced_args(FunctionCallInfo fcinfo, IdemKey *k, int64 *token)
@@ -67,6 +100,7 @@ idem_complete(PG_FUNCTION_ARGS)
 
 	fenced_args(fcinfo, &k, &token);
 	response = idem_arg_jsonb(fcinfo, 3, "response", &response_isnull);
+	check_durability("idem_complete");
 
 	idem_store_begin(fcinfo);
 	idem_keylock_hold(&k);
@@ -96,6 +130,8 @@ idem_release(PG_FUNCTION_ARGS)
 
 	fenced_args(fcinfo, &k, &token);
 	failure = idem_arg_jsonb(fcinfo, 3, "failure", &failure_isnull);
+	if (!failure_isnull)
+		check_durability("idem_release");
 
 	idem_store_begin(fcinfo);
 	idem_keylock_hold(&k);

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Proves that every invariant check of checker.py can fail.
+
+Takes the history of a soak that passed and the final tables it left, and
+plants one fault at a time (a second winner, a double execution, an accepted
+stale settle, a lost completion, a changed replay, an executed mismatch, a
+stuck key, an undocumented error).  Each fault must be reported by the
+check it belongs to; the unchanged history must report none.
+
+Usage: selftest.py --history FILE --host H --port P [--dbname D --user U]
+"""
+import argparse
+import sys
+import os
+
+import psycopg2
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checker  # noqa: E402
+import history  # noqa: E402
+
+
+def committed_ends(events):
+    return {e["x"]: e for e in events if e["e"] == "end" and e["how"] == "commit"
+            and e["res"] == "ok"}
+
+
+def acked_times(events):
+    ends = committed_ends(events)
+    return {(e["tn"], e["k"]): ends[e["x"]]["t1"] for e in events
+            if e["e"] == "complete" and e.get("ok") and e["x"] in ends}
+
+
+# Each fault: where it can be planted (a predicate on one event, given the
+# committed transaction ends and acknowledgement times), and how (changes
+# events/final in place, returns a function undoing the change).
+
+def committed_tx_winner(e, ends, acked):
+    return (e["e"] == "claim" and e.get("out") == "claimed" and e["m"] == "tx"
+            and e["x"] in ends)
+
+
+def second_winner(events, final, c, ends):
+    """An in-transaction holder with a twin that won the same key at once."""
+    twin = dict(c, x="fault.1", a=999, tok=c["tok"] + 1000)
+    end = dict(ends[c["x"]], x="fault.1")
+    events.extend([twin, end])
+    return lambda: (events.remove(twin), events.remove(end))
+
+
+def paid_and_committed(e, ends, acked):
+    return e["e"] == "pay" and e["x"] in ends
+
+
+def double_execution(events, final, pay, ends):
+    rows = final[1][(pay["tn"], pay["k"])]
+    rows.append(dict(rows[0]))
+    return rows.pop
+
+
+def refused_stale_settle(e, ends, acked):
+    return e["e"] in ("complete", "release", "fail") and e.get("err") == "ID002"
+
+
+def stale_settle_accepted(events, final, s, ends):
+    s["ok"], err = True, s.pop("err")
+
+    def undo():
+        s["ok"], s["err"] = False, err
+    return undo
+
+
+def acked_complete(e, ends, acked):
+    return e["e"] == "complete" and e.get("ok") and e["x"] in ends
+
+
+def lost_completion(events, final, s, ends):
+    key = (s["tn"], s["k"])
+    rec = final[0].pop(key)
+    return lambda: final[0].__setitem__(key, rec)
+
+
+def a_replay(e, ends, acked):
+    return e["e"] == "claim" and e.get("out") == "replay"
+
+
+def replay_changed(events, final, c, ends):
+    old = c["sha"]
+    c["sha"] = "0" * 64
+    return lambda: c.__setitem__("sha", old)
+
+
+def mismatch_after_ack(e, ends, acked):
+    return (e["e"] == "claim" and e.get("out") == "mismatch"
+            and e["t0"] > acked.get((e["tn"], e["k"]), float("inf")))
+
+
+def mismatch_executed(events, final, c, ends):
+    """A different fingerprint, after the completion was acknowledged, is
+    answered as if it were the same request."""
+    old_sha = c.get("sha")
+    c["out"], c["sha"] = "replay", final[0][(c["tn"], c["k"])]["sha"]
+
+    def undo():
+        c["out"], c["sha"] = "mismatch", old_sha
+    return undo
+
+
+def in_progress_on_lease(e, ends, acked):
+    return e["e"] == "claim" and e.get("out") == "in_progress" and e.get("exp") is not None
+
+
+def stuck_key(events, final, c, ends):
+    old = c["exp"]
+    c["exp"] = c["t0"] - 1.0
+    return lambda: c.__setitem__("exp", old)
+
+
+def undocumented_error(events, final, c, ends):
+    saved = dict(c)
+    c["ok"], c["err"] = False, "XX000"
+
+    def undo():
+        c.clear()
+        c.update(saved)
+    return undo
+
+
+FAULTS = [
+    ("two winners of one key at once", committed_tx_winner, second_winner, "I1"),
+    ("a second business row for a completed key", paid_and_committed, double_execution, "I2"),
+    ("a stale-token settle accepted", refused_stale_settle, stale_settle_accepted, "I3"),
+    ("an acknowledged completion missing", acked_complete, lost_completion, "I4"),
+    ("a replay differing from the stored response", a_replay, replay_changed, "I5"),
+    ("another fingerprint answered as a replay", mismatch_after_ack, mismatch_executed, "I6"),
+    ("in_progress for a lease that had ended", in_progress_on_lease, stuck_key, "I7"),
+    ("an XX000 error", a_replay, undocumented_error, "E"),
+]
+SAMPLE_KEYS = 300
+
+
+def violations_by_check(events, final):
+    report, _ = checker.check_history(events, final)
+    return {c.name: len(c.violations) for c in report.checks}
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--history", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=5432)
+    p.add_argument("--dbname", default="postgres")
+    p.add_argument("--user")
+    a = p.parse_args(argv)
+    events = history.load(a.history)
+    conn = psycopg2.connect(host=a.host, port=a.port, dbname=a.dbname, user=a.user)
+    final = checker.load_final(conn, events[0]["tenants"])
+    conn.close()
+
+    # Plant every fault on the first event that allows it.  The checks are
+    # per key, so they run on those keys plus a sample, which keeps a run of
+    # a default soak's history to seconds.
+    ends = committed_ends(events)
+    acked = acked_times(events)
+    targets = {}
+    for title, where, plant, expect in FAULTS:
+        targets[title] = next((e for e in events[1:] if where(e, ends, acked)), None)
+    keys = {(e["tn"], e["k"]) for e in targets.values() if e is not None}
+    all_keys = sorted({(e["tn"], e["k"]) for e in events[1:] if "k" in e})
+    keys.update(all_keys[::max(1, len(all_keys) // SAMPLE_KEYS)])
+    txns = {e.get("x") for e in events[1:] if "k" in e and (e["tn"], e["k"]) in keys}
+    sub = [events[0]] + [e for e in events[1:]
+                         if ("k" in e and (e["tn"], e["k"]) in keys)
+                         or (e["e"] == "end" and e["x"] in txns)]
+    final = tuple({k: v for k, v in part.items() if k in keys} for part in final)
+
+    bad = 0
+    base = violations_by_check(sub, final)
+    if any(base.values()):
+        print("selftest: the unchanged history already has violations: %s" % base)
+        return 1
+    print("selftest: unchanged history of %d keys: no violation" % len(keys))
+    for title, where, plant, expect in FAULTS:
+        if targets[title] is None:
+            print("selftest: NOT TESTED (no event to plant it on): %s" % title)
+            bad += 1
+            continue
+        undo = plant(sub, final, targets[title], ends)
+        got = violations_by_check(sub, final)
+        undo()
+        if got[expect] > 0:
+            print("selftest: caught by %s: %s" % (expect, title))
+        else:
+            bad += 1
+            print("selftest: MISSED by %s: %s (violations: %s)" % (expect, title, got))
+    print("selftest: %d of %d planted faults caught" % (len(FAULTS) - bad, len(FAULTS)))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,608 @@
+#!/usr/bin/env python3
+"""Exactly-once soak for the idempotency extension (issue 4, suite 2).
+
+Many sessions deliver every key several times, in shuffled order with
+bursts of concurrent duplicates, the way a broker redelivers messages:
+
+  * in-transaction keys: BEGIN; idem_claim; if claimed, INSERT a row into
+    soak.payments and idem_complete with a response carrying a hash; COMMIT.
+    10 % of the winners ROLLBACK instead (before or after idem_complete).
+  * two-phase keys: idem_claim with a short lease, COMMIT; the work (a row in
+    soak.effects) runs outside that transaction; then idem_complete,
+    idem_release or idem_release with a failure in a second transaction.
+    Some holders heartbeat, some stall past their lease (so a redelivery
+    takes the key over and the holder's late settle must be refused with
+    ID002), a few die without settling (the sweeper must free the key).
+  * some deliveries carry a different fingerprint (mismatch, never executed).
+  * a delivery answered in_progress is redelivered later.
+
+Every call goes to a history (history.py); checker.py then verifies the
+invariants I1-I7 from the history and the final tables.  Exit status 0 only
+if every invariant holds.
+
+Other modes: --check-only FILE re-checks a saved history against the
+database; --verify-acked FILE checks only that every acknowledged completion
+in FILE is stored (the crash test runs it after each restart while the soak
+goes on).  --crash-tolerant makes sessions reconnect after the server dies
+(an interrupted delivery is redelivered; a COMMIT without answer is recorded
+as unknown).
+
+Keys repeat across tenants (the same key string in each of --tenants), so
+every per-key check also catches a tenant seeing another tenant's record.
+The checker models stale claims as released (idempotency.stale_action =
+release, the default); the soak refuses to run otherwise.  selftest.py proves
+each check can fail by planting faults into a history that passed.
+
+Nothing depends on session state between transactions, so the soak also runs
+through PgBouncer in transaction pooling mode.
+"""
+import argparse
+import hashlib
+import heapq
+import json
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+
+import psycopg2
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import checker  # noqa: E402
+import history  # noqa: E402
+
+TX_LEASE = "60 seconds"     # in-transaction claims: the transaction is the lease
+CLAIM_WAIT = "200 milliseconds"
+MAX_ATTEMPTS = 200          # redeliveries of one in_progress delivery
+
+
+class ConnectionLost(Exception):
+    """The server went away in the middle of a delivery."""
+
+
+def sha(text):
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def jsonb_text(doc):
+    """The text jsonb prints for a flat object: keys ordered by length, then
+    bytes, ", " and ": " separators.  Sending exactly that text lets the
+    checker compare the stored and replayed responses byte for byte with
+    what the holder sent."""
+    items = sorted(doc.items(), key=lambda kv: (len(kv[0].encode()), kv[0].encode()))
+    return "{" + ", ".join(json.dumps(k) + ": " + json.dumps(v) for k, v in items) + "}"
+
+
+class Plan:
+    """Which keys exist, their mode, and the order of their deliveries."""
+
+    def __init__(self, args):
+        rng = random.Random(args.seed)
+        self.tenants = ["soak-t%d" % i for i in range(args.tenants)]
+        self.keys = []   # index -> (tenant, key, mode)
+        for i in range(args.keys):
+            # the same key string lives in every tenant
+            tenant = self.tenants[i % args.tenants]
+            key = "k%06d" % (i // args.tenants)
+            mode = "tx" if rng.random() < args.tx_share else "lease"
+            self.keys.append((tenant, key, mode))
+        # orphans: delivered once, by a holder that dies; only the sweeper
+        # (or a later claim) can free them, which the liveness check tests
+        self.orphans = set(range(args.keys, args.keys + args.orphans))
+        for i in sorted(self.orphans):
+            self.keys.append((self.tenants[i % args.tenants], "orphan%04d" % i, "lease"))
+        groups = [[i * args.deliveries] for i in sorted(self.orphans)]
+        for i in range(args.keys):
+            ds = [i * args.deliveries + n for n in range(args.deliveries)]
+            if rng.random() < args.burst and len(ds) >= 2:
+                # a burst: 2-3 deliveries queued back to back, so that idle
+                # sessions pick them up at the same instant
+                n = min(len(ds), rng.choice((2, 3)))
+                groups.append(ds[:n])
+                groups.extend([d] for d in ds[n:])
+            else:
+                groups.extend([d] for d in ds)
+        rng.shuffle(groups)
+        self.order = [d for g in groups for d in g]
+        self.mismatch = {d for d in self.order if rng.random() < args.mismatch}
+
+    def delivery(self, d, deliveries):
+        """(tenant, key, mode, fingerprint, orphan) of delivery d."""
+        tenant, key, mode = self.keys[d // deliveries]
+        fp = "fp-%s-%s" % (tenant, key)
+        if d in self.mismatch:
+            fp += "-other%d" % d
+        return tenant, key, mode, fp, d // deliveries in self.orphans
+
+
+class DeliveryQueue:
+    """Deliveries ready now (in plan order) or later (redeliveries)."""
+
+    def __init__(self, order):
+        self.cv = threading.Condition()
+        self.heap = [(0.0, i, (d, 0)) for i, d in enumerate(order)]
+        self.seq = len(order)
+        self.outstanding = len(order)
+        self.stopped = False
+
+    def get(self):
+        with self.cv:
+            while True:
+                if self.outstanding == 0 or self.stopped:
+                    return None
+                if self.heap:
+                    ready = self.heap[0][0]
+                    now = time.monotonic()
+                    if ready <= now:
+                        return heapq.heappop(self.heap)[2]
+                    self.cv.wait(ready - now)
+                else:
+                    self.cv.wait()
+
+    def redeliver(self, item, delay):
+        with self.cv:
+            self.seq += 1
+            heapq.heappush(self.heap, (time.monotonic() + delay, self.seq, item))
+            self.cv.notify()
+
+    def done(self):
+        with self.cv:
+            self.outstanding -= 1
+            if self.outstanding == 0:
+                self.cv.notify_all()
+
+    def stop(self):
+        with self.cv:
+            self.stopped = True
+            self.cv.notify_all()
+
+
+def connect(args):
+    return psycopg2.connect(host=args.host, port=args.port, dbname=args.dbname,
+                            user=args.user, application_name="idem-soak",
+                            connect_timeout=5)
+
+
+def is_connection_error(exc, conn):
+    """The server went away (crash, shutdown) rather than refused the call.
+    An error without SQLSTATE never came from the server: libpq lost the
+    connection."""
+    if isinstance(exc, psycopg2.InterfaceError) or conn is None or conn.closed:
+        return True
+    code = getattr(exc, "pgcode", None)
+    return code is None or code.startswith("57P") or code.startswith("08")
+
+
+class Session(threading.Thread):
+    """One client connection taking deliveries off the queue."""
+
+    def __init__(self, sid, driver):
+        super().__init__(name="soak-%d" % sid, daemon=True)
+        self.sid = sid
+        self.driver = driver
+        self.args = driver.args
+        self.conn = None
+        self.txn_seq = 0
+        self.x = None
+        self.last_ok = None
+        self.error = None
+        self.calls = {}     # calls that reached the server, by event kind
+
+    # ---- plumbing -------------------------------------------------------
+
+    def reconnect(self):
+        deadline = time.time() + self.args.reconnect_timeout
+        while True:
+            try:
+                if self.conn is not None:
+                    self.conn.close()
+            except psycopg2.Error:
+                pass
+            try:
+                self.conn = connect(self.args)
+                return
+            except psycopg2.Error:
+                if time.time() >= deadline or self.driver.queue.stopped:
+                    raise
+                time.sleep(0.2)
+
+    def begin(self):
+        self.txn_seq += 1
+        self.x = "%d.%d" % (self.sid, self.txn_seq)
+        self.last_ok = None
+
+    def call(self, ev, sql, params):
+        """Run one statement of the current transaction; record it.  Returns
+        the first row (or None), and the SQLSTATE when it failed."""
+        ev.update(s=self.sid, x=self.x)
+        ev["t0"] = time.time()
+        try:
+            cur = self.conn.cursor()
+            cur.execute(sql, params)
+            row = cur.fetchone() if cur.description else None
+            ev["t1"] = time.time()
+            ev["ok"] = True
+            self.last_ok = ev["t1"]
+            self.calls[ev["e"]] = self.calls.get(ev["e"], 0) + 1
+            return row, ev
+        except psycopg2.Error as exc:
+            ev["t1"] = time.time()
+            ev["ok"] = False
+            lost = is_connection_error(exc, self.conn)
+            ev["err"] = "conn" if lost else exc.pgcode
+            if lost or exc.pgcode not in ("ID001", "ID002"):
+                ev["msg"] = "%s: %s" % (type(exc).__name__, str(exc).strip()[:200])
+            if lost:
+                # the caller never sees this event: record it here
+                self.record(ev)
+                self.end_lost("lost")
+                raise ConnectionLost() from exc
+            self.calls[ev["e"]] = self.calls.get(ev["e"], 0) + 1
+            return None, ev
+
+    def record(self, ev):
+        self.driver.history.add(ev)
+
+    def end(self, how):
+        """COMMIT or ROLLBACK; returns True when the server acknowledged it."""
+        ev = {"e": "end", "how": how, "s": self.sid, "x": self.x, "t0": time.time()}
+        try:
+            if how == "commit":
+                self.conn.commit()
+            else:
+                self.conn.rollback()
+            ev["t1"] = time.time()
+            ev["res"] = "ok"
+            self.record(ev)
+            return True
+        except psycopg2.Error as exc:
+            ev["t1"] = time.time()
+            if is_connection_error(exc, self.conn):
+                # the COMMIT may or may not have reached the WAL
+                ev["res"] = "unknown" if how == "commit" else "lost"
+                self.record(ev)
+                raise ConnectionLost() from exc
+            ev["res"] = "error"
+            ev["err"] = exc.pgcode
+            self.record(ev)
+            self.conn.rollback()
+            return False
+
+    def end_lost(self, res):
+        self.record({"e": "end", "how": "none", "s": self.sid, "x": self.x,
+                     "t0": self.last_ok or time.time(), "t1": time.time(), "res": res})
+
+    # ---- the work -------------------------------------------------------
+
+    def run(self):
+        try:
+            self.reconnect()
+            while True:
+                item = self.driver.queue.get()
+                if item is None:
+                    break
+                self.deliver(item)
+        except Exception as exc:   # a bug in the driver, or the server is gone for good
+            self.error = exc
+            self.driver.queue.stop()
+        finally:
+            if self.conn is not None:
+                self.conn.close()
+
+    def deliver(self, item):
+        d, attempt = item
+        tenant, key, mode, fp, orphan = self.driver.plan.delivery(d, self.args.deliveries)
+        rng = random.Random(self.args.seed * 1000003 + d * 1009 + attempt)
+        base = {"d": d, "a": attempt, "tn": tenant, "k": key, "m": mode, "fp": fp}
+        try:
+            if mode == "tx":
+                outcome, retry_after = self.deliver_in_transaction(base, rng)
+            else:
+                outcome, retry_after = self.deliver_two_phase(base, rng, orphan)
+        except ConnectionLost:
+            if not self.args.crash_tolerant:
+                self.driver.queue.stop()
+                raise RuntimeError("connection lost (run with --crash-tolerant "
+                                   "if the server is meant to crash)")
+            self.reconnect()
+            self.driver.queue.redeliver((d, attempt + 1), 0.05)
+            return
+        if outcome == "in_progress":
+            if attempt + 1 >= MAX_ATTEMPTS:
+                self.record(dict(base, e="gaveup", t0=time.time(), t1=time.time()))
+                self.driver.queue.done()
+            else:
+                self.driver.queue.redeliver((d, attempt + 1), retry_after)
+            return
+        self.driver.queue.done()
+
+    def claim(self, base, lease, wait):
+        self.begin()
+        row, ev = self.call(dict(base, e="claim"),
+                            "SELECT outcome, token, response::text,"
+                            " extract(epoch FROM expires_at)::float8"
+                            " FROM idem_claim(%s, %s, %s, lease => %s::interval,"
+                            " ttl => %s::interval, wait => %s::interval)",
+                            (base["tn"], base["k"], base["fp"], lease,
+                             self.args.ttl, wait))
+        if row is not None:
+            ev.update(out=row[0], tok=row[1], sha=sha(row[2]), exp=row[3])
+        self.record(ev)
+        return row
+
+    def retry_delay(self, expires_at, rng):
+        """A broker's redelivery backoff: about when the lease ends."""
+        lease_s = self.args.lease_ms / 1000.0
+        if expires_at is None:
+            return rng.uniform(0.01, lease_s / 2)
+        return min(max(expires_at - time.time(), 0.01) + rng.uniform(0, lease_s / 2),
+                   3 * lease_s)
+
+    def response(self, base, token, rng, failure=False):
+        doc = {"ok": not failure, "tenant": base["tn"], "key": base["k"],
+               "delivery": base["d"], "token": token,
+               "hash": hashlib.sha256(("%s|%s|%d|%d" % (base["tn"], base["k"], base["d"],
+                                                       token)).encode()).hexdigest()}
+        if failure:
+            doc["error"] = "declined"
+        elif rng.random() < 0.05:
+            # large enough to be compressed and moved out of line (TOAST)
+            doc["receipt"] = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789")
+                                     for _ in range(6000))
+        else:
+            doc["receipt"] = "r" * rng.randrange(0, 200)
+        return jsonb_text(doc)
+
+    def settle(self, base, kind, token, doc=None):
+        """complete / release / fail, in the current transaction."""
+        if kind == "complete":
+            sql, params = "SELECT idem_complete(%s, %s, %s, %s::jsonb)", (
+                base["tn"], base["k"], token, doc)
+        elif kind == "fail":
+            sql, params = "SELECT idem_release(%s, %s, %s, %s::jsonb)", (
+                base["tn"], base["k"], token, doc)
+        else:
+            sql, params = "SELECT idem_release(%s, %s, %s)", (base["tn"], base["k"], token)
+        _, ev = self.call(dict(base, e=kind, tok=token, sha=sha(doc)), sql, params)
+        self.record(ev)
+        return ev["ok"]
+
+    def deliver_in_transaction(self, base, rng):
+        wait = CLAIM_WAIT if rng.random() < self.args.wait_share else None
+        row = self.claim(base, TX_LEASE, wait)
+        if row is None:
+            self.end("rollback")
+            return "error", 0
+        outcome, token, _, expires_at = row
+        if outcome != "claimed":
+            self.end("commit")
+            return outcome, self.retry_delay(expires_at, rng)
+        doc = self.response(base, token, rng)
+        _, ev = self.call(dict(base, e="pay", tok=token, sha=sha(doc)),
+                          "INSERT INTO soak.payments (tenant_id, key, delivery, token,"
+                          " amount, response_sha) VALUES (%s, %s, %s, %s, %s, %s)",
+                          (base["tn"], base["k"], base["d"], token,
+                           rng.randrange(1, 100000), sha(doc)))
+        self.record(ev)
+        rollback = rng.random() < self.args.rollback
+        if not (rollback and rng.random() < 0.5):
+            if not self.settle(base, "complete", token, doc):
+                rollback = True    # never happens; the checker reports the error
+        self.end("rollback" if rollback else "commit")
+        return "claimed", 0
+
+    def deliver_two_phase(self, base, rng, orphan):
+        lease_s = self.args.lease_ms / 1000.0
+        lease = "%d milliseconds" % self.args.lease_ms
+        row = self.claim(base, lease, None)
+        if row is None:
+            self.end("rollback")
+            return "error", 0
+        outcome, token, _, expires_at = row
+        if not self.end("commit"):
+            return "error", 0
+        if outcome != "claimed":
+            return outcome, self.retry_delay(expires_at, rng)
+
+        if orphan or rng.random() < self.args.abandon:
+            # the holder dies: nobody settles; a takeover or the sweeper must free the key
+            self.record(dict(base, e="abandon", tok=token, s=self.sid,
+                             t0=time.time(), t1=time.time()))
+            return "claimed", 0
+
+        # the work, outside any claim transaction (an HTTP call, a message...)
+        self.begin()
+        _, ev = self.call(dict(base, e="effect", tok=token),
+                          "INSERT INTO soak.effects (tenant_id, key, delivery, token)"
+                          " VALUES (%s, %s, %s, %s)",
+                          (base["tn"], base["k"], base["d"], token))
+        self.record(ev)
+        self.end("commit")
+
+        if rng.random() < self.args.stall:
+            # a GC pause, a slow downstream: the lease runs out meanwhile
+            time.sleep(lease_s * rng.uniform(2.0, 3.0))
+        if rng.random() < self.args.heartbeat:
+            self.begin()
+            row, ev = self.call(dict(base, e="heartbeat", tok=token),
+                                "SELECT extract(epoch FROM idem_heartbeat(%s, %s, %s,"
+                                " %s::interval))::float8",
+                                (base["tn"], base["k"], token, lease))
+            if row is not None:
+                ev["exp"] = row[0]
+            self.record(ev)
+            if not ev["ok"]:
+                self.end("rollback")
+                return "claimed", 0          # fenced: stop working on the key
+            self.end("commit")
+
+        self.begin()
+        r = rng.random()
+        if r < self.args.rollback * 0.8:
+            ok = self.settle(base, "release", token)
+        elif r < self.args.rollback:
+            ok = self.settle(base, "fail", token, self.response(base, token, rng, failure=True))
+        else:
+            ok = self.settle(base, "complete", token, self.response(base, token, rng))
+        self.end("commit" if ok else "rollback")
+        return "claimed", 0
+
+
+class Driver:
+    def __init__(self, args):
+        self.args = args
+        self.plan = Plan(args)
+        self.queue = DeliveryQueue(self.plan.order)
+        path = args.history
+        if path is None:
+            fd, path = tempfile.mkstemp(prefix="idem-soak-", suffix=".jsonl")
+            os.close(fd)
+        self.history = history.HistoryWriter(path, flush_each=args.crash_tolerant)
+
+    def prepare(self):
+        conn = connect(self.args)
+        conn.autocommit = True
+        cur = conn.cursor()
+        cur.execute("SELECT to_regprocedure('idem_claim(text, text, text, interval,"
+                    " interval, interval)') IS NULL")
+        if cur.fetchone()[0]:
+            cur.execute("CREATE EXTENSION idempotency")
+        # the checker models stale claims being released (deleted), the default
+        cur.execute("SELECT current_setting('idempotency.stale_action', true)")
+        if cur.fetchone()[0] not in (None, "release"):
+            raise SystemExit("the soak needs idempotency.stale_action = release")
+        cur.execute("CREATE SCHEMA IF NOT EXISTS soak")
+        # no unique constraint on purpose: a double execution must show, not fail
+        cur.execute("CREATE TABLE IF NOT EXISTS soak.payments (id bigserial PRIMARY KEY,"
+                    " tenant_id text NOT NULL, key text NOT NULL, delivery int NOT NULL,"
+                    " token bigint NOT NULL, amount int NOT NULL, response_sha text NOT NULL,"
+                    " at timestamptz NOT NULL DEFAULT clock_timestamp())")
+        cur.execute("CREATE TABLE IF NOT EXISTS soak.effects (id bigserial PRIMARY KEY,"
+                    " tenant_id text NOT NULL, key text NOT NULL, delivery int NOT NULL,"
+                    " token bigint NOT NULL,"
+                    " at timestamptz NOT NULL DEFAULT clock_timestamp())")
+        cur.execute("TRUNCATE soak.payments, soak.effects")
+        cur.execute("DELETE FROM idempotency_records WHERE tenant_id = ANY(%s)",
+                    (self.plan.tenants,))
+        conn.close()
+
+    def run(self):
+        a = self.args
+        self.history.add({"e": "run", "t0": time.time(), "sessions": a.sessions,
+                          "keys": a.keys, "deliveries": a.deliveries,
+                          "lease_ms": a.lease_ms, "seed": a.seed,
+                          "tenants": self.plan.tenants, "crash_tolerant": a.crash_tolerant})
+        sessions = [Session(i, self) for i in range(a.sessions)]
+        started = time.time()
+        for s in sessions:
+            s.start()
+        for s in sessions:
+            s.join()
+        elapsed = time.time() - started
+        self.history.close()
+        self.calls = {}
+        for s in sessions:
+            for kind, n in s.calls.items():
+                self.calls[kind] = self.calls.get(kind, 0) + n
+        errors = [s.error for s in sessions if s.error is not None]
+        return elapsed, errors
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--host", default=os.environ.get("PGHOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(os.environ.get("PGPORT", "5432")))
+    p.add_argument("--dbname", default=os.environ.get("PGDATABASE", "postgres"))
+    p.add_argument("--user", default=os.environ.get("PGUSER"))
+    p.add_argument("--sessions", type=int, default=32)
+    p.add_argument("--keys", type=int, default=10000)
+    p.add_argument("--deliveries", type=int, default=5)
+    p.add_argument("--tenants", type=int, default=4)
+    p.add_argument("--lease-ms", type=int, default=400,
+                   help="lease of two-phase claims (stalls last 2-3 leases)")
+    p.add_argument("--ttl", default="1 hour", help="retention of completed records")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--history", help="history file (default: a new temp file)")
+    p.add_argument("--tx-share", type=float, default=0.6,
+                   help="share of keys worked in the claim's transaction")
+    p.add_argument("--rollback", type=float, default=0.10)
+    p.add_argument("--mismatch", type=float, default=0.05)
+    p.add_argument("--burst", type=float, default=0.3,
+                   help="share of keys with concurrent duplicate deliveries")
+    p.add_argument("--wait-share", type=float, default=0.3,
+                   help="share of in-transaction claims that pass wait")
+    p.add_argument("--stall", type=float, default=0.08)
+    p.add_argument("--abandon", type=float, default=0.01)
+    p.add_argument("--heartbeat", type=float, default=0.25)
+    p.add_argument("--orphans", type=int, default=20,
+                   help="extra keys delivered once to a holder that dies")
+    p.add_argument("--sweeper", choices=("auto", "worker", "call"), default="auto",
+                   help="I7 at the end: wait for the sweeper worker, or call idem_sweep()")
+    p.add_argument("--crash-tolerant", action="store_true",
+                   help="reconnect when the server dies; redeliver interrupted deliveries")
+    p.add_argument("--reconnect-timeout", type=float, default=120.0)
+    p.add_argument("--check-only", metavar="FILE",
+                   help="check a saved history against the database, run nothing")
+    p.add_argument("--verify-acked", metavar="FILE",
+                   help="only check that every acknowledged completion in FILE is stored")
+    return p.parse_args(argv)
+
+
+def print_figures(args, events, elapsed, calls):
+    idem = ("claim", "complete", "release", "fail", "heartbeat")
+    n = sum(v for k, v in calls.items() if k in idem)
+    claims = [e for e in events if e["e"] == "claim" and e.get("ok")]
+    outcomes = {}
+    for e in claims:
+        outcomes[e["out"]] = outcomes.get(e["out"], 0) + 1
+    print("soak: %d sessions x %d keys x %d deliveries, lease %d ms, seed %d"
+          % (args.sessions, args.keys, args.deliveries, args.lease_ms, args.seed))
+    print("calls: %d idem_* calls (%s) in %.1f s = %.0f calls/s; business statements %d"
+          % (n, ", ".join("%s %d" % kv for kv in sorted(calls.items()) if kv[0] in idem),
+             elapsed, n / elapsed if elapsed else 0,
+             sum(v for k, v in calls.items() if k not in idem)))
+    print("claim outcomes: %s" % ", ".join("%s %d" % kv for kv in sorted(outcomes.items())))
+
+
+def main(argv):
+    args = parse_args(argv)
+    if args.verify_acked:
+        events = history.load(args.verify_acked)
+        conn = connect(args)
+        checked, lost = checker.verify_acknowledged(conn, events)
+        conn.close()
+        print("acknowledged completions checked: %d, lost: %d" % (checked, len(lost)))
+        for v in lost[:10]:
+            print("  LOST: %s" % v)
+        return 1 if lost else 0
+
+    if args.check_only:
+        events = history.load(args.check_only)
+        header = events[0]
+        args.crash_tolerant = header.get("crash_tolerant", False)
+        elapsed = None
+    else:
+        driver = Driver(args)
+        driver.prepare()
+        elapsed, errors = driver.run()
+        events = driver.history.events
+        print_figures(args, events, elapsed, driver.calls)
+        print("history: %s" % driver.history.path)
+        if errors:
+            print("soak aborted: %s" % errors[0])
+            print("violations: 1")
+            return 1
+
+    conn = connect(args)
+    conn.autocommit = True
+    report = checker.check(conn, events, sweeper=args.sweeper,
+                           crashes_expected=args.crash_tolerant)
+    conn.close()
+    report.print_report(elapsed)
+    return 0 if report.violations == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
