@@ -20,7 +20,7 @@ int			idem_default_ttl_s = 24 * 60 * 60;
 int			idem_min_ttl_s = 0;
 int			idem_stale_action = IDEM_STALE_RELEASE;
 int			idem_max_response_size = 1024 * 1024;
-int			idem_sweep_interval_s = 10;
+int			idem_sweep_interval_ms = 10 * 1000;
 int			idem_sweep_batch_size = 1000;
 bool		idem_track_stats = true;
 int			idem_durability_check = IDEM_DURABILITY_WARNING;
@@ -89,12 +89,13 @@ idem_define_settings(void)
 							PGC_SUSET, GUC_UNIT_BYTE,
 							NULL, NULL, NULL);
 
+	/* milliseconds, so that a sub-second value is not rounded to 0 (= off) */
 	DefineCustomIntVariable("idempotency.sweep_interval",
 							"Time between sweeps of the background worker; 0 turns sweeping off.",
 							NULL,
-							&idem_sweep_interval_s,
-							10, 0, 24 * 60 * 60,
-							PGC_SIGHUP, GUC_UNIT_S,
+							&idem_sweep_interval_ms,
+							10 * 1000, 0, 24 * 60 * 60 * 1000,
+							PGC_SIGHUP, GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("idempotency.sweep_batch_size",

@@ -26,4 +26,5 @@ _PG_init(void)
 		return;
 
 	idem_stats_request_shmem();
+	idem_worker_register();
 }

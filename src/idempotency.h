@@ -9,9 +9,12 @@
  *	 store.c		the only code that talks to idempotency_records (SPI)
  *	 keylock.c		the per-key advisory lock that makes in_progress non-blocking
  *	 claim.c		idem_claim
+ *	 claim_many.c	idem_claim_many (a consumer's batch in one statement)
  *	 settle.c		idem_complete, idem_release, idem_heartbeat (fenced by token)
  *	 lookup.c		idem_lookup, idem_forget
  *	 sweep.c		idem_sweep and the batch the background worker reuses
+ *	 worker.c		the sweeper: a launcher and short-lived per-database workers
+ *	 stats.c		counters and last sweeps in shared memory (idem_stats)
  */
 #ifndef IDEMPOTENCY_H
 #define IDEMPOTENCY_H
@@ -54,7 +57,7 @@ extern int	idem_default_ttl_s;
 extern int	idem_min_ttl_s;
 extern int	idem_stale_action;
 extern int	idem_max_response_size;
-extern int	idem_sweep_interval_s;
+extern int	idem_sweep_interval_ms;
 extern int	idem_sweep_batch_size;
 extern bool idem_track_stats;
 extern int	idem_durability_check;
@@ -138,6 +141,8 @@ extern uint64 idem_store_sweep_expired(TimestampTz now, int batch_size,
 									   bool include_stale_claims,
 									   TimestampTz *from,
 									   uint64 *stale_released);
+extern uint64 idem_store_sweep_group(TimestampTz at, bool include_stale_claims,
+									 uint64 *stale_released);
 extern uint64 idem_store_sweep_fail_stale(TimestampTz now, int batch_size);
 
 extern Datum idem_stale_failure_response(void);
@@ -156,9 +161,11 @@ typedef struct IdemSweepCounts
 typedef struct IdemSweepCursor
 {
 	TimestampTz expired_from;
+	bool		one_transaction;	/* all batches in one transaction */
 } IdemSweepCursor;
 
-extern void idem_sweep_cursor_init(IdemSweepCursor *cursor);
+extern void idem_sweep_cursor_init(IdemSweepCursor *cursor,
+								   bool one_transaction);
 extern bool idem_sweep_batch(int batch_size, IdemSweepCursor *cursor,
 							 IdemSweepCounts *counts);
 extern bool idem_sweep_lock(bool session_lock, bool wait);

@@ -12,6 +12,7 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "commands/dbcommands.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -20,6 +21,7 @@
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "utils/builtins.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
@@ -52,7 +54,6 @@ typedef struct IdemSharedStats
 
 static IdemSharedStats *shared = NULL;
 static IdemDatabaseStats *my_slot = NULL;
-static Oid	my_slot_db = InvalidOid;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
@@ -109,41 +110,86 @@ reset_slot(IdemDatabaseStats *slot)
 	slot->stats_reset = GetCurrentTimestamp();
 }
 
-/* This database's slot, claimed on first use; NULL if none is free. */
-static IdemDatabaseStats *
-database_slot(void)
+/*
+ * Free the slots of databases that were dropped, so that the table does not
+ * fill up with them.  Existence is checked in the catalog without holding
+ * the lock; a dropped database has no backend that could still use its slot.
+ */
+static void
+reclaim_dropped_database_slots(void)
 {
-	IdemDatabaseStats *free_slot = NULL;
+	Oid			dboids[IDEM_STATS_MAX_DATABASES];
+	bool		gone[IDEM_STATS_MAX_DATABASES] = {false};
 
-	if (shared == NULL || !idem_track_stats || !OidIsValid(MyDatabaseId))
-		return NULL;
-	if (my_slot != NULL && my_slot_db == MyDatabaseId)
-		return my_slot;
+	if (!IsTransactionState())
+		return;
+
+	LWLockAcquire(shared->lock, LW_SHARED);
+	for (int i = 0; i < IDEM_STATS_MAX_DATABASES; i++)
+		dboids[i] = shared->dbs[i].dboid;
+	LWLockRelease(shared->lock);
+
+	for (int i = 0; i < IDEM_STATS_MAX_DATABASES; i++)
+		gone[i] = OidIsValid(dboids[i]) && dboids[i] != MyDatabaseId &&
+			!SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(dboids[i]));
 
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	for (int i = 0; i < IDEM_STATS_MAX_DATABASES; i++)
-	{
-		IdemDatabaseStats *slot = &shared->dbs[i];
-
-		if (slot->dboid == MyDatabaseId)
-		{
-			my_slot = slot;
-			break;
-		}
-		if (slot->dboid == InvalidOid && free_slot == NULL)
-			free_slot = slot;
-	}
-	if (my_slot == NULL && free_slot != NULL)
-	{
-		free_slot->dboid = MyDatabaseId;
-		reset_slot(free_slot);
-		free_slot->last_sweep_at = 0;
-		free_slot->last_sweep_error[0] = '\0';
-		my_slot = free_slot;
-	}
+		if (gone[i] && shared->dbs[i].dboid == dboids[i])
+			shared->dbs[i].dboid = InvalidOid;
 	LWLockRelease(shared->lock);
+}
 
-	my_slot_db = MyDatabaseId;
+/*
+ * This database's slot, claimed on first use; NULL if none is free (then
+ * the search is retried at most every 10 seconds, not on every call).
+ */
+static IdemDatabaseStats *
+database_slot(void)
+{
+	static TimestampTz no_slot_since = 0;
+
+	if (shared == NULL || !idem_track_stats || !OidIsValid(MyDatabaseId))
+		return NULL;
+	if (my_slot != NULL)
+		return my_slot;
+	if (no_slot_since != 0 &&
+		!TimestampDifferenceExceeds(no_slot_since, GetCurrentTimestamp(), 10 * 1000))
+		return NULL;
+
+	for (int attempt = 0; attempt < 2 && my_slot == NULL; attempt++)
+	{
+		IdemDatabaseStats *free_slot = NULL;
+
+		if (attempt > 0)
+			reclaim_dropped_database_slots();
+
+		/* find and claim under one lock hold: one slot per database */
+		LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+		for (int i = 0; i < IDEM_STATS_MAX_DATABASES; i++)
+		{
+			IdemDatabaseStats *slot = &shared->dbs[i];
+
+			if (slot->dboid == MyDatabaseId)
+			{
+				my_slot = slot;
+				break;
+			}
+			if (slot->dboid == InvalidOid && free_slot == NULL)
+				free_slot = slot;
+		}
+		if (my_slot == NULL && free_slot != NULL)
+		{
+			free_slot->dboid = MyDatabaseId;
+			reset_slot(free_slot);
+			free_slot->last_sweep_at = 0;
+			free_slot->last_sweep_error[0] = '\0';
+			my_slot = free_slot;
+		}
+		LWLockRelease(shared->lock);
+	}
+
+	no_slot_since = my_slot == NULL ? GetCurrentTimestamp() : 0;
 	return my_slot;
 }
 
@@ -221,6 +267,7 @@ idem_stats_read(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 
 	require_shared();
+	reclaim_dropped_database_slots();
 	InitMaterializedSRF(fcinfo, 0);
 
 	for (int i = 0; i < IDEM_STATS_MAX_DATABASES; i++)

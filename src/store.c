@@ -37,6 +37,8 @@ typedef enum IdemQuery
 	Q_FORGET,
 	Q_SWEEP_ALL,
 	Q_SWEEP_TERMINAL,
+	Q_SWEEP_GROUP_ALL,
+	Q_SWEEP_GROUP_TERMINAL,
 	Q_SWEEP_FAIL_STALE,
 	NUM_QUERIES
 } IdemQuery;
@@ -110,6 +112,18 @@ static const char *const query_text[NUM_QUERIES] = {
 	" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
 	" RETURNING false, expires_at",
 
+	/* every expired row with one given expiry (see idem_store_sweep_group) */
+	[Q_SWEEP_GROUP_ALL] =
+	"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+	" SELECT ctid FROM %1$s WHERE expires_at" EQ "$1 FOR UPDATE SKIP LOCKED))"
+	" RETURNING status" EQ "'processing', expires_at",
+
+	[Q_SWEEP_GROUP_TERMINAL] =
+	"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+	" SELECT ctid FROM %1$s WHERE expires_at" EQ "$1"
+	" AND status OPERATOR(pg_catalog.<>) 'processing' FOR UPDATE SKIP LOCKED))"
+	" RETURNING false, expires_at",
+
 	[Q_SWEEP_FAIL_STALE] =
 	"UPDATE %1$s SET status = 'failed', response = $3, lease_expires_at = NULL,"
 	" expires_at = $1 OPERATOR(pg_catalog.+) ttl, updated_at = $1"
@@ -132,6 +146,8 @@ static const Oid query_argtypes[NUM_QUERIES][8] = {
 	[Q_FORGET] = {TEXTOID, TEXTOID},
 	[Q_SWEEP_ALL] = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID},
 	[Q_SWEEP_TERMINAL] = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID},
+	[Q_SWEEP_GROUP_ALL] = {TIMESTAMPTZOID},
+	[Q_SWEEP_GROUP_TERMINAL] = {TIMESTAMPTZOID},
 	[Q_SWEEP_FAIL_STALE] = {TIMESTAMPTZOID, INT4OID, JSONBOID},
 };
 
@@ -146,6 +162,8 @@ static const int query_nargs[NUM_QUERIES] = {
 	[Q_FORGET] = 2,
 	[Q_SWEEP_ALL] = 3,
 	[Q_SWEEP_TERMINAL] = 3,
+	[Q_SWEEP_GROUP_ALL] = 1,
+	[Q_SWEEP_GROUP_TERMINAL] = 1,
 	[Q_SWEEP_FAIL_STALE] = 3,
 };
 
@@ -538,6 +556,29 @@ idem_store_forget(const IdemKey *k)
 }
 
 /*
+ * Count the stale claims among the n rows a sweep statement returned
+ * (status = 'processing', expires_at) and advance *from to the latest expiry.
+ */
+static void
+count_swept(uint64 n, TimestampTz *from, uint64 *stale_released)
+{
+	*stale_released = 0;
+	for (uint64 i = 0; i < n; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		TimestampTz expires_at;
+
+		if (DatumGetBool(SPI_getbinval(tup, desc, 1, &isnull)))
+			(*stale_released)++;
+		expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 2, &isnull));
+		if (expires_at > *from)
+			*from = expires_at;
+	}
+}
+
+/*
  * Delete one batch of expired records, those expiring at or after *from
  * (each batch starts where the previous one ended, so a pass never walks
  * the index entries of rows it already deleted).  With
@@ -558,20 +599,28 @@ idem_store_sweep_expired(TimestampTz now, int batch_size,
 	values[2] = TimestampTzGetDatum(*from);
 	n = store_run(include_stale_claims ? Q_SWEEP_ALL : Q_SWEEP_TERMINAL,
 				  values, "   ", false, 0);
-	*stale_released = 0;
-	for (uint64 i = 0; i < n; i++)
-	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	desc = SPI_tuptable->tupdesc;
-		bool		isnull;
-		TimestampTz expires_at;
+	count_swept(n, from, stale_released);
+	return n;
+}
 
-		if (DatumGetBool(SPI_getbinval(tup, desc, 1, &isnull)))
-			(*stale_released)++;
-		expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 2, &isnull));
-		if (expires_at > *from)
-			*from = expires_at;
-	}
+/*
+ * Delete every expired row whose expiry is exactly at (all the rows of one
+ * group of equal expiries, without a LIMIT).  A pass that runs in a single
+ * transaction uses it to get past such a group: its deleted index entries
+ * cannot be marked dead before the transaction ends, so walking the group
+ * again for every batch would be quadratic.
+ */
+uint64
+idem_store_sweep_group(TimestampTz at, bool include_stale_claims,
+					   uint64 *stale_released)
+{
+	Datum		values[1] = {TimestampTzGetDatum(at)};
+	TimestampTz last = at;
+	uint64		n;
+
+	n = store_run(include_stale_claims ? Q_SWEEP_GROUP_ALL : Q_SWEEP_GROUP_TERMINAL,
+				  values, " ", false, 0);
+	count_swept(n, &last, stale_released);
 	return n;
 }
 

@@ -24,10 +24,15 @@ PG_FUNCTION_INFO_V1(idem_sweep);
 
 #define IDEM_SWEEPLOCK_CLASS	0x4945		/* "IE" */
 
+/*
+ * Start a pass.  one_transaction: every batch runs in the same transaction
+ * (idem_sweep), rather than one transaction per batch (the worker).
+ */
 void
-idem_sweep_cursor_init(IdemSweepCursor *cursor)
+idem_sweep_cursor_init(IdemSweepCursor *cursor, bool one_transaction)
 {
 	cursor->expired_from = DT_NOBEGIN;
+	cursor->one_transaction = one_transaction;
 }
 
 /*
@@ -49,13 +54,31 @@ idem_sweep_batch(int batch_size, IdemSweepCursor *cursor,
 	deleted = idem_store_sweep_expired(now, batch_size, !fail_stale,
 									   &cursor->expired_from, &released);
 
+	/*
+	 * Within one transaction the rows deleted so far stay in the index, and
+	 * the next batch starts at the last expiry seen, so it would walk again
+	 * every deleted row sharing that expiry.  Take the rest of that group
+	 * of equal expiries at once and continue strictly after it.  (Batches
+	 * that commit one by one let those entries be skipped instead, and keep
+	 * their transactions short.)
+	 */
+	if (cursor->one_transaction && deleted == (uint64) batch_size)
+	{
+		uint64		group_released;
+
+		deleted += idem_store_sweep_group(cursor->expired_from, !fail_stale,
+										  &group_released);
+		released += group_released;
+		cursor->expired_from += 1;	/* timestamps are whole microseconds */
+	}
+
 	counts->expired_removed += deleted - released;
 	counts->stale_released += released;
 	counts->stale_failed += failed;
 	idem_stats_add(IDEM_STAT_SWEPT_EXPIRED, deleted - released);
 	idem_stats_add(IDEM_STAT_SWEPT_STALE, released + failed);
 
-	return deleted == (uint64) batch_size || failed == (uint64) batch_size;
+	return deleted >= (uint64) batch_size || failed == (uint64) batch_size;
 }
 
 static void
@@ -113,7 +136,7 @@ idem_sweep(PG_FUNCTION_ARGS)
 
 	idem_store_begin(fcinfo);
 	(void) idem_sweep_lock(false, true);
-	idem_sweep_cursor_init(&cursor);
+	idem_sweep_cursor_init(&cursor, true);
 	while (idem_sweep_batch(batch_size, &cursor, &counts))
 		CHECK_FOR_INTERRUPTS();
 	idem_store_end();

@@ -51,5 +51,14 @@ is($completes, $claimed, 'every claimed key completed once, each counted');
 cmp_ok($claimed, '>', 0, 'some claims won');
 note("claims=$claims claimed=$claimed replays=$replays in_progress=$in_progress");
 
+# The slot of a dropped database is given back (the table holds 128).
+$node->safe_psql('postgres', 'CREATE DATABASE gone');
+$node->safe_psql('gone', "CREATE EXTENSION idempotency; SELECT idem_claim('t', 'k')");
+is($node->safe_psql('postgres', "SELECT count(*) FROM idem_stats WHERE datname = 'gone'"),
+	'1', 'a database that claimed has a row');
+$node->safe_psql('postgres', 'DROP DATABASE gone');
+is($node->safe_psql('postgres', 'SELECT count(*) FROM idem_stats WHERE datname IS NULL'),
+	'0', 'the row of a dropped database is reclaimed');
+
 $node->stop;
 done_testing();

@@ -1,0 +1,609 @@
+/*
+ * worker.c
+ *		The background sweeper: a launcher that visits every database in
+ *		turn, and a short-lived worker that sweeps one database and leaves.
+ *
+ * Why two kinds of process.  A backend is bound to one database for life,
+ * and a process connected to a database makes DROP DATABASE and CREATE
+ * DATABASE ... TEMPLATE fail ("being accessed by other users").  So the
+ * launcher connects to no database: every idempotency.sweep_interval it
+ * reads the shared catalog pg_database and, one database after another,
+ * starts a dynamic worker for it and waits for it to finish.  The worker
+ * connects, returns at once if the extension is not installed there, takes
+ * the database's sweep lock without waiting (skipping the database if
+ * idem_sweep() is running there), and runs sweep batches of
+ * idempotency.sweep_batch_size rows, each in its own short transaction,
+ * until a batch comes back short.  It records the outcome (rows, duration,
+ * error) in the shared statistics and exits.  Between batches it probes,
+ * without waiting, the lock that DROP DATABASE, CREATE DATABASE ... TEMPLATE
+ * and ALTER DATABASE take on the database, and gives way at once if one of
+ * them is waiting for it.
+ *
+ * Worker slots: the launcher holds one max_worker_processes slot while the
+ * server runs and the per-database worker one more while it runs, so the
+ * sweeper needs two.  When no slot is free the launcher logs a warning (at
+ * most every few minutes) and tries again at the next interval.
+ *
+ * Both start only once recovery has finished: a hot standby runs no
+ * sweeper, and after promotion the postmaster starts the launcher without a
+ * restart.  If the launcher dies the postmaster restarts it after
+ * IDEM_LAUNCHER_RESTART_S; per-database workers are never restarted (the
+ * next round starts a fresh one).
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_database.h"
+#include "catalog/pg_extension.h"
+#include "commands/dbcommands.h"
+#include "miscadmin.h"
+#include "nodes/pg_list.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/lock.h"
+#include "tcop/tcopprot.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+
+#include "idempotency.h"
+
+#define IDEM_LIBRARY_NAME		"idempotency"
+#define IDEM_EXTENSION_NAME		"idempotency"
+#define IDEM_LAUNCHER_TYPE		"idempotency sweeper launcher"
+#define IDEM_WORKER_TYPE		"idempotency sweeper"
+
+/* Seconds before the postmaster restarts a launcher that died. */
+#define IDEM_LAUNCHER_RESTART_S	5
+
+/* Repeat the "no free worker slot" warning at most this often. */
+#define IDEM_NO_SLOT_WARNING_MS	(5 * 60 * 1000)
+
+/* pg_database.datconnlimit of a database left behind by an interrupted DROP */
+#ifndef DATCONNLIMIT_INVALID_DB
+#define DATCONNLIMIT_INVALID_DB	-2
+#endif
+
+PGDLLEXPORT void idem_sweeper_launcher_main(Datum main_arg);
+PGDLLEXPORT void idem_sweeper_worker_main(Datum main_arg);
+
+/* A database the launcher will visit this round. */
+typedef struct SweepTarget
+{
+	Oid			dboid;
+	char	   *datname;		/* for pg_stat_activity only */
+} SweepTarget;
+
+/* How one batch transaction of the per-database worker ended. */
+typedef enum BatchResult
+{
+	BATCH_FULL,					/* more expired rows may be waiting */
+	BATCH_LAST,					/* the pass is complete */
+	BATCH_DATABASE_DDL,			/* DROP/CREATE ... TEMPLATE/ALTER DATABASE waits */
+	BATCH_EXTENSION_GONE		/* the extension was dropped meanwhile */
+} BatchResult;
+
+/* When the launcher last warned that no worker slot was free; 0: not now. */
+static TimestampTz no_slot_warned_at = 0;
+
+/*
+ * Register the launcher.  Called from _PG_init while the library is being
+ * preloaded, and only then: static workers can only be registered at
+ * postmaster start.  Not under pg_upgrade, which must not see writes.
+ */
+void
+idem_worker_register(void)
+{
+	BackgroundWorker worker;
+
+	if (IsBinaryUpgrade)
+		return;
+
+	memset(&worker, 0, sizeof(worker));
+	/* a "database connection" to no database: shared catalogs only */
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = IDEM_LAUNCHER_RESTART_S;
+	strlcpy(worker.bgw_library_name, IDEM_LIBRARY_NAME, BGW_MAXLEN);
+	strlcpy(worker.bgw_function_name, "idem_sweeper_launcher_main", BGW_MAXLEN);
+	strlcpy(worker.bgw_name, IDEM_LAUNCHER_TYPE, BGW_MAXLEN);
+	strlcpy(worker.bgw_type, IDEM_LAUNCHER_TYPE, BGW_MAXLEN);
+	RegisterBackgroundWorker(&worker);
+}
+
+static void
+reload_config_if_asked(void)
+{
+	if (ConfigReloadPending)
+	{
+		ConfigReloadPending = false;
+		ProcessConfigFile(PGC_SIGHUP);
+	}
+}
+
+/* ---------- the launcher ---------- */
+
+/*
+ * The databases a worker may connect to, read from pg_database (a shared
+ * catalog, readable without being connected to a database).  Templates are
+ * skipped (a connection would stop CREATE DATABASE from copying them), as
+ * are databases that refuse connections and those a crashed DROP DATABASE
+ * left invalid.  The list is allocated in the caller's memory context.
+ */
+static List *
+list_databases(void)
+{
+	MemoryContext caller_context = CurrentMemoryContext;
+	List	   *targets = NIL;
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tup;
+
+	StartTransactionCommand();
+	(void) GetTransactionSnapshot();
+
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	scan = table_beginscan_catalog(rel, 0, NULL);
+	while (HeapTupleIsValid(tup = heap_getnext(scan, ForwardScanDirection)))
+	{
+		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
+		MemoryContext old;
+		SweepTarget *target;
+
+		if (db->datistemplate || !db->datallowconn ||
+			db->datconnlimit == DATCONNLIMIT_INVALID_DB)
+			continue;
+
+		old = MemoryContextSwitchTo(caller_context);
+		target = palloc(sizeof(SweepTarget));
+		target->dboid = db->oid;
+		target->datname = pstrdup(NameStr(db->datname));
+		targets = lappend(targets, target);
+		MemoryContextSwitchTo(old);
+	}
+	table_endscan(scan);
+	table_close(rel, AccessShareLock);
+
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(caller_context);
+	return targets;
+}
+
+static void
+warn_no_free_slot(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (no_slot_warned_at != 0 &&
+		!TimestampDifferenceExceeds(no_slot_warned_at, now, IDEM_NO_SLOT_WARNING_MS))
+		return;
+	no_slot_warned_at = now;
+	ereport(WARNING,
+			(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+			 errmsg("idempotency sweeper could not start a worker: no background worker slot is free"),
+			 errdetail("Sweeping is postponed to the next idempotency.sweep_interval; this warning is repeated at most every %d minutes.",
+					   IDEM_NO_SLOT_WARNING_MS / 60000),
+			 errhint("The sweeper needs 2 of the max_worker_processes slots, which parallel query and logical replication share; raise max_worker_processes.")));
+}
+
+/*
+ * Start the worker for one database and wait until it has finished.
+ * Returns false when no worker slot was free.
+ */
+static bool
+sweep_database(const SweepTarget *target)
+{
+	BackgroundWorker worker;
+	BackgroundWorkerHandle *handle;
+	BgwHandleStatus status;
+	pid_t		pid;
+	char		activity[NAMEDATALEN + 64];
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	strlcpy(worker.bgw_library_name, IDEM_LIBRARY_NAME, BGW_MAXLEN);
+	strlcpy(worker.bgw_function_name, "idem_sweeper_worker_main", BGW_MAXLEN);
+	snprintf(worker.bgw_name, BGW_MAXLEN, "idempotency sweeper for database %u",
+			 target->dboid);
+	strlcpy(worker.bgw_type, IDEM_WORKER_TYPE, BGW_MAXLEN);
+	/* only an OID crosses the process boundary, never a pointer */
+	worker.bgw_main_arg = ObjectIdGetDatum(target->dboid);
+	worker.bgw_notify_pid = MyProcPid;
+
+	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
+	{
+		warn_no_free_slot();
+		return false;
+	}
+	if (no_slot_warned_at != 0)
+	{
+		ereport(LOG,
+				(errmsg("idempotency sweeper found a free background worker slot again")));
+		no_slot_warned_at = 0;
+	}
+
+	snprintf(activity, sizeof(activity), "sweeping database \"%s\"", target->datname);
+	pgstat_report_activity(STATE_RUNNING, activity);
+
+	/* BGWH_STOPPED here: it could not be started, or has already finished */
+	status = WaitForBackgroundWorkerStartup(handle, &pid);
+	if (status == BGWH_STARTED)
+		status = WaitForBackgroundWorkerShutdown(handle);
+	if (status == BGWH_POSTMASTER_DIED)
+		proc_exit(1);
+
+	pfree(handle);
+	return true;
+}
+
+/*
+ * One round: every database once.  Stops early when no worker slot is free
+ * or when sweeping has been switched off meanwhile.
+ */
+static void
+run_round(void)
+{
+	List	   *targets;
+	ListCell   *lc;
+
+	if (RecoveryInProgress())
+		return;
+
+	targets = list_databases();
+	foreach(lc, targets)
+	{
+		CHECK_FOR_INTERRUPTS();
+		reload_config_if_asked();
+		if (idem_sweep_interval_ms == 0)
+			break;
+		if (!sweep_database((SweepTarget *) lfirst(lc)))
+			break;
+	}
+}
+
+/*
+ * Main of the launcher.  A round starts every sweep_interval, counted from
+ * the start of the previous round, so the period does not drift; a round
+ * longer than the interval is followed at once by the next.  With
+ * sweep_interval = 0 it sleeps until a reload changes that.
+ */
+void
+idem_sweeper_launcher_main(Datum main_arg)
+{
+	MemoryContext round_context;
+	TimestampTz last_round = 0;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+	pgstat_report_appname(IDEM_LAUNCHER_TYPE);
+
+	round_context = AllocSetContextCreate(TopMemoryContext,
+										  "idempotency sweeper round",
+										  ALLOCSET_DEFAULT_SIZES);
+
+	ereport(LOG,
+			(errmsg("idempotency sweeper launcher started"),
+			 errdetail("idempotency.sweep_interval is %d ms.", idem_sweep_interval_ms)));
+
+	for (;;)
+	{
+		int			events = WL_LATCH_SET | WL_EXIT_ON_PM_DEATH;
+		long		timeout_ms = -1;
+
+		CHECK_FOR_INTERRUPTS();
+		reload_config_if_asked();
+
+		if (idem_sweep_interval_ms > 0)
+		{
+			TimestampTz now = GetCurrentTimestamp();
+			TimestampTz due = TimestampTzPlusMilliseconds(last_round,
+														  (long) idem_sweep_interval_ms);
+
+			if (last_round == 0 || now >= due)
+			{
+				MemoryContext old = MemoryContextSwitchTo(round_context);
+
+				last_round = now;
+				run_round();
+				MemoryContextSwitchTo(old);
+				MemoryContextReset(round_context);
+				continue;
+			}
+			/* capped, in case the clock was set back */
+			events |= WL_TIMEOUT;
+			timeout_ms = Min(TimestampDifferenceMilliseconds(now, due),
+							 (long) idem_sweep_interval_ms);
+		}
+
+		pgstat_report_activity(STATE_IDLE, idem_sweep_interval_ms > 0
+							   ? "waiting for the next sweep round"
+							   : "sweeping is off (idempotency.sweep_interval = 0)");
+		(void) WaitLatch(MyLatch, events, timeout_ms, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+}
+
+/* ---------- the per-database worker ---------- */
+
+/*
+ * The schema the extension is installed in, or InvalidOid when it is not
+ * installed (as this transaction's catalog snapshot sees it: a CREATE
+ * EXTENSION still in progress elsewhere is not visible, so it counts as
+ * absent).  get_extension_schema() is static in PostgreSQL 15.
+ */
+static Oid
+extension_schema(void)
+{
+	Relation	rel;
+	SysScanDesc scan;
+	ScanKeyData key;
+	HeapTuple	tup;
+	Oid			nsp = InvalidOid;
+
+	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber,
+				F_NAMEEQ, CStringGetDatum(IDEM_EXTENSION_NAME));
+	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+		nsp = ((Form_pg_extension) GETSTRUCT(tup))->extnamespace;
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return nsp;
+}
+
+static Oid
+table_owner(Oid relid)
+{
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	Oid			owner;
+
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for relation %u", relid);
+	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+	return owner;
+}
+
+/*
+ * Is a command waiting to get this database to itself?  DROP DATABASE and
+ * ALTER DATABASE hold AccessExclusiveLock on it, CREATE DATABASE ...
+ * TEMPLATE holds ShareLock on its template, while they wait (up to 5 s) for
+ * the other sessions to leave; the RowExclusiveLock every new session takes
+ * conflicts with both.  So try that lock, without waiting.
+ */
+static bool
+database_command_waiting(void)
+{
+	LOCKTAG		tag;
+
+	SET_LOCKTAG_OBJECT(tag, InvalidOid, DatabaseRelationId, MyDatabaseId, 0);
+	if (LockAcquire(&tag, RowExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
+		return true;
+	LockRelease(&tag, RowExclusiveLock, false);
+	return false;
+}
+
+/*
+ * One sweep batch in a transaction of its own.
+ *
+ * The batch runs as the owner of idempotency_records in a security-
+ * restricted operation (as autovacuum and REFRESH MATERIALIZED VIEW do), so
+ * a trigger or policy on the table never runs with the superuser rights of
+ * the worker unless the owner has them anyway.
+ */
+static BatchResult
+sweep_one_batch(IdemSweepCursor *cursor, IdemSweepCounts *counts, int batchno)
+{
+	BatchResult result;
+	Oid			nsp;
+	Oid			save_userid;
+	int			save_sec_context;
+	int			save_nestlevel;
+	char		activity[128];
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+
+	if (database_command_waiting())
+	{
+		CommitTransactionCommand();
+		return BATCH_DATABASE_DDL;
+	}
+	nsp = extension_schema();
+	if (!OidIsValid(nsp))
+	{
+		CommitTransactionCommand();
+		return BATCH_EXTENSION_GONE;
+	}
+
+	snprintf(activity, sizeof(activity),
+			 "sweeping idempotency_records: batch %d, " UINT64_FORMAT " rows removed so far",
+			 batchno, counts->expired_removed + counts->stale_released);
+	pgstat_report_activity(STATE_RUNNING, activity);
+
+	PushActiveSnapshot(GetTransactionSnapshot());
+	idem_store_begin_in_schema(nsp);
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(table_owner(idem_store_table()),
+						   save_sec_context | SECURITY_RESTRICTED_OPERATION);
+	save_nestlevel = NewGUCNestLevel();
+
+	result = idem_sweep_batch(idem_sweep_batch_size, cursor, counts)
+		? BATCH_FULL : BATCH_LAST;
+
+	AtEOXact_GUC(false, save_nestlevel);
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+
+	idem_store_end();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+
+	/* let autovacuum hear about the dead rows during a long pass */
+	pgstat_report_stat(false);
+	return result;
+}
+
+/* Error context: which database the sweep was working on. */
+static void
+sweep_error_context(void *arg)
+{
+	errcontext("idempotency sweep of database \"%s\"", (const char *) arg);
+}
+
+/*
+ * Is the extension still installed?  After an error, to tell a broken
+ * table from a DROP EXTENSION that raced with the batch.
+ */
+static bool
+extension_still_installed(void)
+{
+	bool		installed;
+
+	StartTransactionCommand();
+	installed = OidIsValid(extension_schema());
+	CommitTransactionCommand();
+	return installed;
+}
+
+/*
+ * Sweep the database this worker is connected to, one pass.
+ */
+static void
+sweep_this_database(void)
+{
+	MemoryContext worker_context = CurrentMemoryContext;
+	ErrorContextCallback errcallback;
+	IdemSweepCounts counts = {0};
+	IdemSweepCursor cursor;
+	TimestampTz started;
+	char	   *datname;
+	char	   *volatile error = NULL;
+	bool		installed;
+	bool		locked = false;
+	volatile bool record = true;
+
+	if (RecoveryInProgress())
+		return;
+
+	StartTransactionCommand();
+	datname = MemoryContextStrdup(worker_context, get_database_name(MyDatabaseId));
+	installed = OidIsValid(extension_schema());
+	/* a session lock: it must outlive the batch transactions */
+	if (installed)
+		locked = idem_sweep_lock(true, false);
+	CommitTransactionCommand();
+
+	if (!installed)
+		return;
+	if (!locked)
+	{
+		elog(DEBUG1, "idempotency sweeper skips database \"%s\": another sweep is running there",
+			 datname);
+		return;
+	}
+
+	errcallback.callback = sweep_error_context;
+	errcallback.arg = datname;
+	errcallback.previous = error_context_stack;
+	error_context_stack = &errcallback;
+
+	started = GetCurrentTimestamp();
+	idem_sweep_cursor_init(&cursor, false);
+
+	PG_TRY();
+	{
+		int			batchno = 0;
+		BatchResult result = BATCH_LAST;
+
+		do
+		{
+			CHECK_FOR_INTERRUPTS();
+			reload_config_if_asked();
+			if (idem_sweep_interval_ms == 0)
+				break;			/* switched off in the middle of a pass */
+			result = sweep_one_batch(&cursor, &counts, ++batchno);
+		} while (result == BATCH_FULL);
+
+		if (result == BATCH_EXTENSION_GONE)
+			record = false;
+		else if (result == BATCH_DATABASE_DDL)
+			elog(DEBUG1, "idempotency sweeper leaves database \"%s\" to a waiting DROP, CREATE or ALTER DATABASE",
+				 datname);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		HOLD_INTERRUPTS();
+		EmitErrorReport();
+		MemoryContextSwitchTo(worker_context);
+		edata = CopyErrorData();
+		FlushErrorState();
+		AbortCurrentTransaction();
+		RESUME_INTERRUPTS();
+
+		error = edata->message;
+	}
+	PG_END_TRY();
+
+	error_context_stack = errcallback.previous;
+
+	/* an error caused by DROP EXTENSION in mid-pass is no sweep failure */
+	if (error != NULL && !extension_still_installed())
+		record = false;
+
+	idem_sweep_unlock(true);
+	if (record)
+		idem_stats_sweep_finished(started, GetCurrentTimestamp(), &counts, error);
+	pgstat_report_activity(STATE_IDLE, NULL);
+}
+
+/*
+ * Main of the per-database worker: sweep once, then exit so that the
+ * database is free again.  Exits with 0 even after an error: the error has
+ * been logged and recorded, and a non-restarting worker has nothing to gain
+ * from a non-zero exit code but a second log line.
+ */
+void
+idem_sweeper_worker_main(Datum main_arg)
+{
+	Oid			dboid = DatumGetObjectId(main_arg);
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+
+	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
+	pgstat_report_appname(IDEM_WORKER_TYPE);
+
+	/*
+	 * A batch lost in a crash is swept again by the next pass, so its commit
+	 * need not wait for the WAL flush, and claims committing meanwhile do
+	 * not queue behind it.
+	 */
+	SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_OVERRIDE);
+
+	sweep_this_database();
+	proc_exit(0);
+}
