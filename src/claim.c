@@ -112,6 +112,7 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz deadline = idem_add_duration(now, args->wait_us, "wait");
 	bool		have_lock = false;
+	bool		fresh = false;
 	int			sleep_ms = IDEM_POLL_MIN_MS;
 
 	memset(res, 0, sizeof(*res));
@@ -131,7 +132,12 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 					 errmsg("could not claim key because its record keeps changing"),
 					 errhint("Retry the transaction.")));
 
-		found = idem_store_read(k, &rec, true);
+		/*
+		 * The first look uses the statement's snapshot; every later one (the
+		 * row changed, or a wait went by) needs what has committed since.
+		 */
+		found = idem_store_read(k, &rec, fresh);
+		fresh = true;
 		expired = found && rec.expires_at <= now;
 
 		if (found && !expired)
@@ -304,6 +310,33 @@ idem_claim_args(FunctionCallInfo fcinfo, int lease_arg, int ttl_arg,
 }
 
 /*
+ * The descriptor of idem_claim's result row, built once per backend (an
+ * FmgrInfo, and so fn_extra, lasts only one execution of a prepared
+ * statement) and again if the function is created anew.
+ */
+static TupleDesc
+claim_result_desc(FunctionCallInfo fcinfo)
+{
+	static TupleDesc desc = NULL;
+	static Oid	desc_fn_oid = InvalidOid;
+	TupleDesc	built;
+	MemoryContext old;
+
+	if (desc != NULL && desc_fn_oid == fcinfo->flinfo->fn_oid)
+		return desc;
+
+	if (get_call_result_type(fcinfo, NULL, &built) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "idem_claim must return a composite type");
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	if (desc != NULL)
+		FreeTupleDesc(desc);
+	desc = BlessTupleDesc(CreateTupleDescCopy(built));
+	desc_fn_oid = fcinfo->flinfo->fn_oid;
+	MemoryContextSwitchTo(old);
+	return desc;
+}
+
+/*
  * idem_claim(tenant_id, key, fingerprint, lease, ttl, wait)
  *		RETURNS (outcome, token, response, expires_at)
  */
@@ -316,30 +349,27 @@ idem_claim(PG_FUNCTION_ARGS)
 	TupleDesc	desc;
 	Datum		values[4];
 	bool		nulls[4];
+	MemoryContext caller = CurrentMemoryContext;
+	MemoryContext old;
+	Datum		result;
 
 	k.tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
 	k.key = idem_arg_identifier(fcinfo, 1, "key", true);
 	args.fingerprint = idem_arg_identifier(fcinfo, 2, "fingerprint", false);
 	idem_claim_args(fcinfo, 3, 4, 5, &args);
 
-	/* the result row's descriptor is built once per call site */
-	desc = (TupleDesc) fcinfo->flinfo->fn_extra;
-	if (desc == NULL)
-	{
-		MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
-
-		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
-			elog(ERROR, "idem_claim must return a composite type");
-		desc = BlessTupleDesc(CreateTupleDescCopy(desc));
-		fcinfo->flinfo->fn_extra = desc;
-		MemoryContextSwitchTo(old);
-	}
+	desc = claim_result_desc(fcinfo);
 
 	idem_store_begin(fcinfo);
 	idem_claim_one(&k, &args, &res);
-	idem_store_end();
 	idem_stats_count_claim(&res);
 
+	/* the response points into SPI memory: build the row before letting go */
+	old = MemoryContextSwitchTo(caller);
 	idem_claim_result_columns(&res, values, nulls);
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(desc, values, nulls)));
+	result = HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
+	MemoryContextSwitchTo(old);
+	idem_store_end();
+
+	PG_RETURN_DATUM(result);
 }

@@ -3,7 +3,7 @@
  *		Module entry point: registration only.
  *
  * Loaded on first use (CREATE EXTENSION, a function call) the library only
- * defines its settings.  Preloaded (shared_preload_libraries) it also
+ * defines its settings and installs its planner hook (store.c).  Preloaded (shared_preload_libraries) it also
  * reserves shared memory for statistics and registers the sweeper worker.
  * Nothing here may fail: the SQL functions must work without preloading.
  */
@@ -21,6 +21,7 @@ void
 _PG_init(void)
 {
 	idem_define_settings();
+	idem_store_init();
 
 	if (!process_shared_preload_libraries_in_progress)
 		return;

@@ -87,7 +87,10 @@ typedef enum IdemStatus
 	IDEM_FAILED
 } IdemStatus;
 
-/* One record as the caller's snapshot sees it. */
+/*
+ * One record as the caller's snapshot sees it.  fingerprint and response
+ * point into SPI memory: valid until idem_store_end().
+ */
 typedef struct IdemRecord
 {
 	IdemStatus	status;
@@ -110,6 +113,7 @@ typedef struct IdemKey
 	text	   *key;
 } IdemKey;
 
+extern void idem_store_init(void);
 extern void idem_store_begin(FunctionCallInfo fcinfo);
 extern void idem_store_begin_in_schema(Oid nsp);
 extern void idem_store_end(void);

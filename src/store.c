@@ -16,12 +16,15 @@
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "optimizer/cost.h"
+#include "optimizer/planner.h"
 #include "lib/stringinfo.h"
 #include "utils/builtins.h"
 #include "utils/inval.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/syscache.h"
 
 #include "idempotency.h"
 
@@ -180,10 +183,65 @@ static bool table_verified = false;
 static SPIPlanPtr plans[NUM_QUERIES];
 static bool relcache_callback_registered = false;
 
-/* Memory context of the caller, for results that outlive SPI_finish. */
-static MemoryContext caller_context = NULL;
-
 static Datum stale_failure_response = (Datum) 0;
+
+/*
+ * The schema of each of our functions called in this backend: a handful
+ * of entries, cleared by any change to pg_proc.
+ */
+#define FUNCTION_SCHEMA_SLOTS 16
+typedef struct FunctionSchema
+{
+	Oid			fn_oid;
+	Oid			nsp;
+} FunctionSchema;
+static FunctionSchema function_schemas[FUNCTION_SCHEMA_SLOTS];
+static int	function_schemas_used = 0;
+static bool syscache_callback_registered = false;
+
+/*
+ * Our statements are point lookups and index-ordered scans.  A plan made
+ * while the table is empty and analyzed (after a sweep emptied it) would
+ * be a sequential scan, and the plan cache keeps it until the next
+ * invalidation, however large the table grows.  So while one of our
+ * statements is being planned, sequential scans are discouraged.
+ */
+static planner_hook_type prev_planner_hook = NULL;
+static bool planning_store_statement = false;
+
+static PlannedStmt *
+store_planner(Query *parse, const char *query_string, int cursorOptions,
+			  ParamListInfo boundParams)
+{
+	PlannedStmt *result;
+	bool		save_enable_seqscan = enable_seqscan;
+
+	if (planning_store_statement)
+		enable_seqscan = false;
+	PG_TRY();
+	{
+		if (prev_planner_hook)
+			result = prev_planner_hook(parse, query_string, cursorOptions, boundParams);
+		else
+			result = standard_planner(parse, query_string, cursorOptions, boundParams);
+	}
+	PG_FINALLY();
+	{
+		enable_seqscan = save_enable_seqscan;
+	}
+	PG_END_TRY();
+	return result;
+}
+
+/*
+ * Install the planner hook.  Called from _PG_init.
+ */
+void
+idem_store_init(void)
+{
+	prev_planner_hook = planner_hook;
+	planner_hook = store_planner;
+}
 
 /*
  * Plans are freed in store_attach, not here: an invalidation callback must
@@ -194,6 +252,35 @@ store_relcache_callback(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == cached_table)
 		table_verified = false;
+}
+
+static void
+store_syscache_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	function_schemas_used = 0;
+}
+
+/* The schema of function fn_oid, through the small cache above. */
+static Oid
+function_schema(Oid fn_oid)
+{
+	FunctionSchema *slot;
+
+	for (int i = 0; i < function_schemas_used; i++)
+		if (function_schemas[i].fn_oid == fn_oid)
+			return function_schemas[i].nsp;
+
+	if (!syscache_callback_registered)
+	{
+		CacheRegisterSyscacheCallback(PROCOID, store_syscache_callback, (Datum) 0);
+		syscache_callback_registered = true;
+	}
+	slot = function_schemas_used < FUNCTION_SCHEMA_SLOTS ?
+		&function_schemas[function_schemas_used++] :
+		&function_schemas[fn_oid % FUNCTION_SCHEMA_SLOTS];
+	slot->fn_oid = fn_oid;
+	slot->nsp = get_func_namespace(fn_oid);
+	return slot->nsp;
 }
 
 static void
@@ -246,10 +333,7 @@ store_attach(Oid nsp)
 void
 idem_store_begin(FunctionCallInfo fcinfo)
 {
-	Oid			nsp = get_func_namespace(fcinfo->flinfo->fn_oid);
-
-	store_attach(nsp);
-	caller_context = CurrentMemoryContext;
+	store_attach(function_schema(fcinfo->flinfo->fn_oid));
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 }
@@ -262,7 +346,6 @@ void
 idem_store_begin_in_schema(Oid nsp)
 {
 	store_attach(nsp);
-	caller_context = CurrentMemoryContext;
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 }
@@ -271,7 +354,6 @@ void
 idem_store_end(void)
 {
 	SPI_finish();
-	caller_context = NULL;
 }
 
 Oid
@@ -321,9 +403,19 @@ static uint64
 store_run(IdemQuery q, Datum *values, const char *nulls, bool read_only,
 		  long tcount)
 {
+	SPIPlanPtr	plan = store_plan(q);
 	int			rc;
 
-	rc = SPI_execute_plan(store_plan(q), values, nulls, read_only, tcount);
+	planning_store_statement = true;
+	PG_TRY();
+	{
+		rc = SPI_execute_plan(plan, values, nulls, read_only, tcount);
+	}
+	PG_FINALLY();
+	{
+		planning_store_statement = false;
+	}
+	PG_END_TRY();
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	return SPI_processed;
@@ -338,21 +430,27 @@ interval_datum(int64 us)
 	return IntervalPGetDatum(span);
 }
 
+/* The status column's value; the first letter tells the three apart. */
 static IdemStatus
-status_from_text(const char *s)
+status_from_text(text *t)
 {
-	switch (s[0])
+	const char *s = VARDATA_ANY(t);
+
+	if (VARSIZE_ANY_EXHDR(t) > 0)
 	{
-		case 'p':
-			return IDEM_PROCESSING;
-		case 'c':
-			return IDEM_COMPLETED;
-		case 'f':
-			return IDEM_FAILED;
+		switch (s[0])
+		{
+			case 'p':
+				return IDEM_PROCESSING;
+			case 'c':
+				return IDEM_COMPLETED;
+			case 'f':
+				return IDEM_FAILED;
+		}
 	}
 	ereport(ERROR,
 			(errcode(ERRCODE_DATA_CORRUPTED),
-			 errmsg("idempotency record has unknown status \"%s\"", s)));
+			 errmsg("idempotency record has unknown status \"%s\"", text_to_cstring(t))));
 	return IDEM_FAILED;			/* keep compiler quiet */
 }
 
@@ -372,20 +470,23 @@ idem_status_name(IdemStatus status)
 }
 
 /*
- * Copy a varlena out of an SPI tuple into the caller's context, detoasted,
- * so it survives SPI_finish.
+ * A varlena from an SPI tuple that stays valid until idem_store_end():
+ * inline values are used in place; a compressed or out-of-line value (a
+ * big response) is expanded, so no TOAST pointer leaves this module.
  */
 static Datum
-copy_varlena_out(Datum d)
+varlena_in_place(Datum d)
 {
-	MemoryContext old = MemoryContextSwitchTo(caller_context);
-	struct varlena *copy = PG_DETOAST_DATUM_COPY(d);
-
-	MemoryContextSwitchTo(old);
-	return PointerGetDatum(copy);
+	if (VARATT_IS_EXTENDED(DatumGetPointer(d)))
+		return PointerGetDatum(PG_DETOAST_DATUM_PACKED(d));
+	return d;
 }
 
-/* Fill rec from row 0 of SPI_tuptable, laid out as Q_READ's select list. */
+/*
+ * Fill rec from row 0 of SPI_tuptable, laid out as Q_READ's select list.
+ * The fingerprint and response point into SPI memory: valid until
+ * idem_store_end(), so callers build their result before that.
+ */
 static void
 record_from_tuple(IdemRecord *rec)
 {
@@ -395,14 +496,14 @@ record_from_tuple(IdemRecord *rec)
 	Datum		d;
 
 	d = SPI_getbinval(tup, desc, 1, &isnull);
-	rec->status = status_from_text(TextDatumGetCString(d));
+	rec->status = status_from_text((text *) DatumGetPointer(d));
 	rec->token = DatumGetInt64(SPI_getbinval(tup, desc, 2, &isnull));
 
 	d = SPI_getbinval(tup, desc, 3, &isnull);
-	rec->fingerprint = isnull ? NULL : (text *) DatumGetPointer(copy_varlena_out(d));
+	rec->fingerprint = isnull ? NULL : (text *) DatumGetPointer(varlena_in_place(d));
 
 	d = SPI_getbinval(tup, desc, 4, &rec->response_isnull);
-	rec->response = rec->response_isnull ? (Datum) 0 : copy_varlena_out(d);
+	rec->response = rec->response_isnull ? (Datum) 0 : varlena_in_place(d);
 
 	rec->expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 5, &isnull));
 	rec->lease_expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 6,
