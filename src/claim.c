@@ -60,8 +60,8 @@ idem_outcome_name(IdemOutcome outcome)
  * token than any it had (a takeover adds 1, and takeovers are at least a
  * lease apart).  Within a backend it is forced to increase strictly.
  */
-static int64
-fresh_token(TimestampTz now)
+int64
+idem_fresh_token(TimestampTz now)
 {
 	static int64 last_token = 0;
 	int64		token = Max((int64) now, 1);
@@ -103,6 +103,67 @@ poll_sleep(int *sleep_ms, TimestampTz deadline)
 }
 
 /*
+ * Decide a claim from what is read, when that needs no write: rec is the
+ * record as read (NULL when there is none).  Returns true with res set
+ * (replay, failed, mismatch, in_progress); false when the claim must write:
+ * the key is absent, or its record expired and may be taken over.
+ */
+bool
+idem_claim_decide(const IdemRecord *rec, const IdemClaimArgs *args,
+				  TimestampTz now, IdemClaimResult *res)
+{
+	memset(res, 0, sizeof(*res));
+	res->token_isnull = true;
+	res->response_isnull = true;
+	res->expires_at_isnull = true;
+
+	if (rec == NULL)
+		return false;
+
+	if (rec->expires_at > now)
+	{
+		if (fingerprint_differs(rec->fingerprint, args->fingerprint))
+			res->outcome = IDEM_OUTCOME_MISMATCH;
+		else if (rec->status != IDEM_PROCESSING)
+		{
+			res->outcome = rec->status == IDEM_COMPLETED ?
+				IDEM_OUTCOME_REPLAY : IDEM_OUTCOME_FAILED;
+			res->response = rec->response;
+			res->response_isnull = rec->response_isnull;
+			res->expires_at = rec->expires_at;
+			res->expires_at_isnull = false;
+		}
+		else
+		{
+			/* a committed claim (or our own) holds a live lease */
+			res->outcome = IDEM_OUTCOME_IN_PROGRESS;
+			res->expires_at = rec->lease_expires_at;
+			res->expires_at_isnull = false;
+		}
+		return true;
+	}
+
+	if (rec->status == IDEM_PROCESSING)
+	{
+		/* a stale claim still belongs to its request */
+		if (fingerprint_differs(rec->fingerprint, args->fingerprint))
+		{
+			res->outcome = IDEM_OUTCOME_MISMATCH;
+			return true;
+		}
+		/* our own transaction outlived its lease: still ours, not a new claim */
+		if (TransactionIdIsCurrentTransactionId(rec->xmin))
+		{
+			res->outcome = IDEM_OUTCOME_IN_PROGRESS;
+			res->expires_at = rec->lease_expires_at;
+			res->expires_at_isnull = false;
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
  * Claim one key.  The caller has validated the arguments and is connected
  * through idem_store_begin().  Shared with idem_claim_many.
  */
@@ -115,16 +176,10 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 	bool		fresh = false;
 	int			sleep_ms = IDEM_POLL_MIN_MS;
 
-	memset(res, 0, sizeof(*res));
-	res->token_isnull = true;
-	res->response_isnull = true;
-	res->expires_at_isnull = true;
-
 	for (int conflicts = 0;; conflicts++)
 	{
 		IdemRecord	rec;
 		bool		found;
-		bool		expired;
 
 		if (conflicts >= IDEM_CLAIM_MAX_ATTEMPTS)
 			ereport(ERROR,
@@ -138,55 +193,20 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 		 */
 		found = idem_store_read(k, &rec, fresh);
 		fresh = true;
-		expired = found && rec.expires_at <= now;
 
-		if (found && !expired)
+		if (idem_claim_decide(found ? &rec : NULL, args, now, res))
 		{
-			if (fingerprint_differs(rec.fingerprint, args->fingerprint))
-			{
-				res->outcome = IDEM_OUTCOME_MISMATCH;
-				break;
-			}
-			if (rec.status != IDEM_PROCESSING)
-			{
-				res->outcome = rec.status == IDEM_COMPLETED ?
-					IDEM_OUTCOME_REPLAY : IDEM_OUTCOME_FAILED;
-				res->response = rec.response;
-				res->response_isnull = rec.response_isnull;
-				res->expires_at = rec.expires_at;
-				res->expires_at_isnull = false;
-				break;
-			}
-			/* a committed claim (or our own) holds a live lease */
-			if (now < deadline && !TransactionIdIsCurrentTransactionId(rec.xmin))
+			/* a committed claim of someone else holds a live lease: wait? */
+			if (res->outcome == IDEM_OUTCOME_IN_PROGRESS && now < deadline &&
+				rec.expires_at > now &&
+				!TransactionIdIsCurrentTransactionId(rec.xmin))
 			{
 				poll_sleep(&sleep_ms, deadline);
 				now = GetCurrentTimestamp();
 				conflicts--;
 				continue;
 			}
-			res->outcome = IDEM_OUTCOME_IN_PROGRESS;
-			res->expires_at = rec.lease_expires_at;
-			res->expires_at_isnull = false;
 			break;
-		}
-
-		if (found && rec.status == IDEM_PROCESSING)
-		{
-			/* a stale claim still belongs to its request */
-			if (fingerprint_differs(rec.fingerprint, args->fingerprint))
-			{
-				res->outcome = IDEM_OUTCOME_MISMATCH;
-				break;
-			}
-			/* our own transaction outlived its lease: still ours, not a new claim */
-			if (TransactionIdIsCurrentTransactionId(rec.xmin))
-			{
-				res->outcome = IDEM_OUTCOME_IN_PROGRESS;
-				res->expires_at = rec.lease_expires_at;
-				res->expires_at_isnull = false;
-				break;
-			}
 		}
 
 		/* About to write: make sure no other transaction is mid-claim. */
@@ -212,7 +232,7 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 
 		if (!found)
 		{
-			int64		token = fresh_token(now);
+			int64		token = idem_fresh_token(now);
 			TimestampTz lease_end = idem_add_duration(now, args->lease_us, "lease");
 
 			if (idem_store_insert(k, args->fingerprint, token, now, lease_end,

@@ -3,11 +3,10 @@
  *		idem_claim_many: claim a consumer's whole batch of keys (one tenant)
  *		in one statement.
  *
- * Each key goes through exactly the same decision as idem_claim
- * (claim.c), in input order, within one SPI connection; a key repeated in
- * the array is claimed once and is in_progress after that, as a second
- * idem_claim in the same transaction would be.  The saving is the client
- * round trips, not the per-key work.
+ * Each key gets exactly the decision idem_claim (claim.c) would give it, in
+ * input order; a key repeated in the array is claimed once and is
+ * in_progress after that, as a second idem_claim in the same transaction
+ * would be.  The fresh keys are inserted in bulk.
  */
 #include "postgres.h"
 
@@ -15,6 +14,7 @@
 #include "funcapi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 
 #include "idempotency.h"
 
@@ -83,12 +83,101 @@ element_identifier(Datum d, bool isnull, const char *name, int index,
 	return DatumGetTextPP(d);
 }
 
+/* One element of the batch. */
+typedef struct BatchKey
+{
+	IdemKey		k;
+	text	   *fingerprint;
+	int			first;			/* index of the first element with this key */
+	bool		found;			/* its record was read */
+	IdemRecord	rec;
+	bool		locked;			/* we took its key lock */
+	bool		decided;
+	int64		token;			/* fresh token, when it goes to the bulk insert */
+	IdemClaimResult res;
+} BatchKey;
+
+typedef struct Batch
+{
+	BatchKey   *keys;
+	int			nkeys;
+	int		   *sorted;			/* element indexes, sorted by key */
+} Batch;
+
+static int
+compare_text(text *a, text *b)
+{
+	int			la = VARSIZE_ANY_EXHDR(a);
+	int			lb = VARSIZE_ANY_EXHDR(b);
+	int			c = memcmp(VARDATA_ANY(a), VARDATA_ANY(b), Min(la, lb));
+
+	return c != 0 ? c : la - lb;
+}
+
+static Batch *sort_batch;
+
+static int
+compare_elements(const void *a, const void *b)
+{
+	int			ia = *(const int *) a;
+	int			ib = *(const int *) b;
+	int			c = compare_text(sort_batch->keys[ia].k.key, sort_batch->keys[ib].k.key);
+
+	return c != 0 ? c : ia - ib;
+}
+
+/* The first element of the batch with this key (binary search), or -1. */
+static int
+find_element(Batch *batch, text *key)
+{
+	int			lo = 0;
+	int			hi = batch->nkeys - 1;
+
+	while (lo <= hi)
+	{
+		int			mid = (lo + hi) / 2;
+		int			c = compare_text(batch->keys[batch->sorted[mid]].k.key, key);
+
+		if (c == 0)
+			return batch->keys[batch->sorted[mid]].first;
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid - 1;
+	}
+	return -1;
+}
+
+static void
+record_inserted(void *arg, text *key)
+{
+	Batch	   *batch = (Batch *) arg;
+	int			i = find_element(batch, key);
+
+	if (i >= 0)
+		batch->keys[i].decided = true;
+}
+
+/* A text[] of the given texts. */
+static Datum
+text_array(text **items, int n)
+{
+	return PointerGetDatum(construct_array((Datum *) items, n, TEXTOID, -1,
+										   false, TYPALIGN_INT));
+}
+
 /*
  * idem_claim_many(tenant_id, keys, fingerprints, lease, ttl)
  *		RETURNS SETOF (key, outcome, token, response, expires_at)
  *
  * One row per element of keys, in order.  All arguments are checked before
  * any key is claimed, so a bad element changes nothing.
+ *
+ * The writes of a batch are one statement: after a primary-key read of
+ * each key and each fresh key's lock, one INSERT of every fresh key.
+ * Only the rare keys that need more (an expired record to take over, a
+ * conflict with a concurrent claim, a key repeated in the batch) go through
+ * idem_claim_one, exactly as idem_claim would.
  */
 Datum
 idem_claim_many(PG_FUNCTION_ARGS)
@@ -101,8 +190,13 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	bool	   *fp_nulls = NULL;
 	int			nkeys;
 	IdemClaimArgs args;
-	IdemKey    *keys;
-	text	  **fingerprints;
+	Batch		batch;
+	TimestampTz now;
+	TimestampTz lease_end;
+	text	  **fresh_keys;
+	text	  **fresh_fps;
+	Datum	   *fresh_tokens;
+	int			nfresh = 0;
 
 	tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
 	if (PG_ARGISNULL(1))
@@ -122,32 +216,135 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	}
 	idem_claim_args(fcinfo, 3, 4, -1, &args);
 
-	keys = palloc(sizeof(IdemKey) * Max(nkeys, 1));
-	fingerprints = palloc(sizeof(text *) * Max(nkeys, 1));
+	batch.nkeys = nkeys;
+	batch.keys = palloc0(sizeof(BatchKey) * Max(nkeys, 1));
+	batch.sorted = palloc(sizeof(int) * Max(nkeys, 1));
 	for (int i = 0; i < nkeys; i++)
 	{
-		keys[i].tenant_id = tenant_id;
-		keys[i].key = element_identifier(key_elems[i], key_nulls[i], "keys", i + 1, true);
-		fingerprints[i] = fp_elems == NULL ? NULL :
+		BatchKey   *bk = &batch.keys[i];
+
+		bk->k.tenant_id = tenant_id;
+		bk->k.key = element_identifier(key_elems[i], key_nulls[i], "keys", i + 1, true);
+		bk->fingerprint = fp_elems == NULL ? NULL :
 			element_identifier(fp_elems[i], fp_nulls[i], "fingerprints", i + 1, false);
+		batch.sorted[i] = i;
+	}
+
+	/* find repeated keys: each element points at the first with its key */
+	sort_batch = &batch;
+	qsort(batch.sorted, nkeys, sizeof(int), compare_elements);
+	for (int j = 0; j < nkeys; j++)
+	{
+		int			i = batch.sorted[j];
+		int			prev = j > 0 ? batch.sorted[j - 1] : -1;
+
+		batch.keys[i].first = (prev >= 0 &&
+							   compare_text(batch.keys[prev].k.key, batch.keys[i].k.key) == 0)
+			? batch.keys[prev].first : i;
 	}
 
 	InitMaterializedSRF(fcinfo, 0);
+	fresh_keys = palloc(sizeof(text *) * Max(nkeys, 1));
+	fresh_fps = palloc(sizeof(text *) * Max(nkeys, 1));
+	fresh_tokens = palloc(sizeof(Datum) * Max(nkeys, 1));
 
 	idem_store_begin(fcinfo);
+
+	/*
+	 * 1. read every record.  One primary-key lookup per key: a single
+	 * "key = ANY(...)" statement would be planned from the table's
+	 * statistics, and with stale ones (a table emptied by the sweeper, then
+	 * analyzed) it scans the tenant's whole key range instead.
+	 */
 	for (int i = 0; i < nkeys; i++)
 	{
-		IdemClaimResult res;
+		BatchKey   *bk = &batch.keys[i];
+
+		if (bk->first == i)
+			bk->found = idem_store_read(&bk->k, &bk->rec, false);
+	}
+
+	/* 2. decide what reading tells; lock the keys that need a write */
+	now = GetCurrentTimestamp();
+	lease_end = idem_add_duration(now, args.lease_us, "lease");
+	for (int i = 0; i < nkeys; i++)
+	{
+		BatchKey   *bk = &batch.keys[i];
+
+		if (bk->first != i)
+			continue;
+		args.fingerprint = bk->fingerprint;
+		if (idem_claim_decide(bk->found ? &bk->rec : NULL, &args, now, &bk->res))
+		{
+			bk->decided = true;
+			continue;
+		}
+		if (idem_keylock_acquire(&bk->k, 0) == IDEM_KEYLOCK_BUSY)
+		{
+			bk->res.outcome = IDEM_OUTCOME_IN_PROGRESS;
+			bk->decided = true;
+			continue;
+		}
+		bk->locked = true;
+		if (!bk->found)
+		{
+			bk->token = idem_fresh_token(now);
+			fresh_keys[nfresh] = bk->k.key;
+			fresh_fps[nfresh] = bk->fingerprint;
+			fresh_tokens[nfresh] = Int64GetDatum(bk->token);
+			nfresh++;
+		}
+	}
+
+	/* 3. every fresh key in one INSERT */
+	if (nfresh > 0)
+	{
+		Datum		fps;
+		bool	   *fp_isnull = palloc(sizeof(bool) * nfresh);
+		int			dims[1] = {nfresh};
+		int			lbs[1] = {1};
+
+		for (int j = 0; j < nfresh; j++)
+			fp_isnull[j] = fresh_fps[j] == NULL;
+		fps = PointerGetDatum(construct_md_array((Datum *) fresh_fps, fp_isnull, 1,
+												 dims, lbs, TEXTOID, -1, false,
+												 TYPALIGN_INT));
+		idem_store_insert_many(tenant_id, text_array(fresh_keys, nfresh),
+							   PointerGetDatum(construct_array(fresh_tokens, nfresh, INT8OID,
+															   8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
+							   fps, now, lease_end, args.ttl_us, record_inserted, &batch);
+	}
+
+	/* 4. the rest, one by one, as idem_claim would; then the rows, in order */
+	for (int i = 0; i < nkeys; i++)
+	{
+		BatchKey   *bk = &batch.keys[i];
 		Datum		values[5];
 		bool		nulls[5];
 
-		args.fingerprint = fingerprints[i];
-		idem_claim_one(&keys[i], &args, &res);
-		idem_stats_count_claim(&res);
+		args.fingerprint = bk->fingerprint;
+		if (bk->first == i && bk->locked && bk->decided && !bk->found)
+		{
+			/* went in with the bulk insert */
+			memset(&bk->res, 0, sizeof(bk->res));
+			bk->res.outcome = IDEM_OUTCOME_CLAIMED;
+			bk->res.token = bk->token;
+			bk->res.response_isnull = true;
+			bk->res.expires_at = lease_end;
+		}
+		else if (bk->first != i || !bk->decided)
+		{
+			idem_claim_one(&bk->k, &args, &bk->res);
+			/* the lock taken in step 2 is not needed by a claim that did not win */
+			if (bk->locked && bk->res.outcome != IDEM_OUTCOME_CLAIMED &&
+				!bk->res.stale_failed)
+				idem_keylock_release(&bk->k);
+		}
+		idem_stats_count_claim(&bk->res);
 
-		values[0] = PointerGetDatum(keys[i].key);
+		values[0] = PointerGetDatum(bk->k.key);
 		nulls[0] = false;
-		idem_claim_result_columns(&res, values + 1, nulls + 1);
+		idem_claim_result_columns(&bk->res, values + 1, nulls + 1);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	idem_store_end();

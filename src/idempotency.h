@@ -122,6 +122,11 @@ extern Oid	idem_store_table(void);
 
 extern bool idem_store_read(const IdemKey *k, IdemRecord *rec,
 							bool fresh_snapshot);
+extern void idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
+								   Datum fingerprints, TimestampTz now,
+								   TimestampTz lease_expires_at, int64 ttl_us,
+								   void (*inserted) (void *arg, text *key),
+								   void *arg);
 extern bool idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
 							  TimestampTz now, TimestampTz lease_expires_at,
 							  int64 ttl_us);
@@ -224,6 +229,9 @@ extern void idem_claim_args(FunctionCallInfo fcinfo, int lease_arg,
 							int ttl_arg, int wait_arg, IdemClaimArgs *args);
 extern void idem_claim_one(const IdemKey *k, const IdemClaimArgs *args,
 						   IdemClaimResult *res);
+extern bool idem_claim_decide(const IdemRecord *rec, const IdemClaimArgs *args,
+							  TimestampTz now, IdemClaimResult *res);
+extern int64 idem_fresh_token(TimestampTz now);
 extern const char *idem_outcome_name(IdemOutcome outcome);
 extern void idem_claim_result_columns(const IdemClaimResult *res,
 									  Datum *values, bool *nulls);

@@ -32,6 +32,7 @@ typedef enum IdemQuery
 {
 	Q_READ,
 	Q_INSERT,
+	Q_INSERT_MANY,
 	Q_TAKE_OVER,
 	Q_FAIL_STALE,
 	Q_FINISH,
@@ -57,6 +58,16 @@ static const char *const query_text[NUM_QUERIES] = {
 	[Q_READ] =
 	"SELECT status, token, fingerprint, response, expires_at, lease_expires_at,"
 	" created_at, updated_at, xmin FROM %1$s" BY_KEY,
+
+	/* one row per fresh key; RETURNING says which went in */
+	[Q_INSERT_MANY] =
+	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
+	" created_at, updated_at, ttl, status, fingerprint)"
+	" SELECT $1, u.key, u.token, $4, $4, $5, $5, $6, 'processing', u.fingerprint"
+	" FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]),"
+	" pg_catalog.unnest($3::pg_catalog.int8[]), pg_catalog.unnest($7::pg_catalog.text[]))"
+	" AS u(key, token, fingerprint)"
+	" ON CONFLICT (tenant_id, key) DO NOTHING RETURNING key",
 
 	[Q_INSERT] =
 	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
@@ -138,6 +149,8 @@ static const char *const query_text[NUM_QUERIES] = {
 
 static const Oid query_argtypes[NUM_QUERIES][8] = {
 	[Q_READ] = {TEXTOID, TEXTOID},
+	[Q_INSERT_MANY] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID,
+	TIMESTAMPTZOID, INTERVALOID, TEXTARRAYOID},
 	[Q_INSERT] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
 	INTERVALOID, TEXTOID},
 	[Q_TAKE_OVER] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID,
@@ -156,6 +169,7 @@ static const Oid query_argtypes[NUM_QUERIES][8] = {
 
 static const int query_nargs[NUM_QUERIES] = {
 	[Q_READ] = 2,
+	[Q_INSERT_MANY] = 7,
 	[Q_INSERT] = 7,
 	[Q_TAKE_OVER] = 8,
 	[Q_FAIL_STALE] = 5,
@@ -492,26 +506,28 @@ record_from_tuple(IdemRecord *rec)
 {
 	HeapTuple	tup = SPI_tuptable->vals[0];
 	TupleDesc	desc = SPI_tuptable->tupdesc;
+	int			c = 1;
 	bool		isnull;
 	Datum		d;
 
-	d = SPI_getbinval(tup, desc, 1, &isnull);
+	d = SPI_getbinval(tup, desc, c, &isnull);
 	rec->status = status_from_text((text *) DatumGetPointer(d));
-	rec->token = DatumGetInt64(SPI_getbinval(tup, desc, 2, &isnull));
+	rec->token = DatumGetInt64(SPI_getbinval(tup, desc, c + 1, &isnull));
 
-	d = SPI_getbinval(tup, desc, 3, &isnull);
+	d = SPI_getbinval(tup, desc, c + 2, &isnull);
 	rec->fingerprint = isnull ? NULL : (text *) DatumGetPointer(varlena_in_place(d));
 
-	d = SPI_getbinval(tup, desc, 4, &rec->response_isnull);
+	d = SPI_getbinval(tup, desc, c + 3, &rec->response_isnull);
 	rec->response = rec->response_isnull ? (Datum) 0 : varlena_in_place(d);
 
-	rec->expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 5, &isnull));
-	rec->lease_expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 6,
+	rec->expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, c + 4, &isnull));
+	rec->lease_expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, c + 5,
 															  &rec->lease_isnull));
-	rec->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 7, &isnull));
-	rec->updated_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 8, &isnull));
-	rec->xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 9, &isnull));
+	rec->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, c + 6, &isnull));
+	rec->updated_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, c + 7, &isnull));
+	rec->xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, c + 8, &isnull));
 }
+
 
 /*
  * Read the record of k.  Returns false when there is none.  fresh_snapshot
@@ -526,6 +542,39 @@ idem_store_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot)
 		return false;
 	record_from_tuple(rec);
 	return true;
+}
+
+/*
+ * Insert fresh processing records for a batch of keys (keys text[],
+ * tokens bigint[], fingerprints text[] of the same length).  inserted(i) is
+ * called with each key that went in; the others exist already.
+ */
+void
+idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
+					   Datum fingerprints, TimestampTz now,
+					   TimestampTz lease_expires_at, int64 ttl_us,
+					   void (*inserted) (void *arg, text *key), void *arg)
+{
+	Datum		values[7];
+	uint64		n;
+
+	values[0] = PointerGetDatum(tenant_id);
+	values[1] = keys;
+	values[2] = tokens;
+	values[3] = TimestampTzGetDatum(lease_expires_at);
+	values[4] = TimestampTzGetDatum(now);
+	values[5] = interval_datum(ttl_us);
+	values[6] = fingerprints;
+	n = store_run(Q_INSERT_MANY, values, "       ", false, 0);
+
+	for (uint64 i = 0; i < n; i++)
+	{
+		bool		isnull;
+		Datum		key = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+										1, &isnull);
+
+		inserted(arg, (text *) DatumGetPointer(key));
+	}
 }
 
 /*
