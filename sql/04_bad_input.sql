@@ -89,3 +89,13 @@ SELECT pg_temp.try($$SELECT idem_sweep(-1)$$);
 -- (the one valid call above, the 255-byte key, is the only claim in tenant bi)
 SELECT tenant_id, length(key) AS key_bytes, status FROM idempotency_records
 WHERE tenant_id IN ('bi', 'bad') ORDER BY 1, 2;
+
+-- durations are capped at 1000 years, so that no expiry computed from them,
+-- now or when the claim is settled, can leave the timestamp range
+SELECT pg_temp.try($$SELECT idem_claim('bi', 'huge-ttl', ttl => '9223372036854775807 microseconds')$$);
+SELECT pg_temp.try($$SELECT idem_claim('bi', 'huge-ttl-2', ttl => '1001 years')$$);
+SELECT pg_temp.try($$SELECT idem_claim('bi', 'huge-lease', lease => '1001 years')$$);
+SELECT pg_temp.try($$SELECT idem_claim('bi', 'huge-wait', wait => '1001 years')$$);
+SELECT token AS t FROM idem_claim('bi', 'long-ttl', ttl => '1000 years') \gset
+SELECT idem_complete('bi', 'long-ttl', :t);
+SELECT outcome FROM idem_claim('bi', 'long-ttl');

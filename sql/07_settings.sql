@@ -37,3 +37,8 @@ RESET idempotency.durability_check;
 RESET synchronous_commit;
 SELECT token AS t FROM idem_claim('m', 'sync-1') \gset
 SELECT idem_complete('m', 'sync-1', :t);
+
+-- a sweep interval is 0 (off) or at least 100 ms
+ALTER SYSTEM SET idempotency.sweep_interval = 1;
+ALTER SYSTEM SET idempotency.sweep_interval = '100ms';
+ALTER SYSTEM RESET idempotency.sweep_interval;

@@ -25,6 +25,21 @@ int			idem_sweep_batch_size = 1000;
 bool		idem_track_stats = true;
 int			idem_durability_check = IDEM_DURABILITY_WARNING;
 
+/*
+ * A sweep interval is 0 (off) or at least 100 ms: a smaller one would start
+ * a worker per database continuously.
+ */
+static bool
+check_sweep_interval(int *newval, void **extra, GucSource source)
+{
+	if (*newval > 0 && *newval < 100)
+	{
+		GUC_check_errdetail("idempotency.sweep_interval must be 0 (off) or at least 100 ms.");
+		return false;
+	}
+	return true;
+}
+
 static const struct config_enum_entry durability_check_options[] = {
 	{"error", IDEM_DURABILITY_ERROR, false},
 	{"warning", IDEM_DURABILITY_WARNING, false},
@@ -96,7 +111,7 @@ idem_define_settings(void)
 							&idem_sweep_interval_ms,
 							10 * 1000, 0, 24 * 60 * 60 * 1000,
 							PGC_SIGHUP, GUC_UNIT_MS,
-							NULL, NULL, NULL);
+							check_sweep_interval, NULL, NULL);
 
 	DefineCustomIntVariable("idempotency.sweep_batch_size",
 							"Records per sweep transaction (and idem_sweep's default batch).",

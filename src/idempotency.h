@@ -37,6 +37,11 @@
 /* Longest tenant_id, key and fingerprint, in bytes (Stripe's limit). */
 #define IDEM_MAX_IDENTIFIER_BYTES	255
 
+/* Longest lease, ttl or wait (a year is 12 months of 30 days, as in intervals). */
+#define IDEM_MAX_DURATION_YEARS		1000
+#define IDEM_MAX_DURATION_US \
+	((int64) IDEM_MAX_DURATION_YEARS * MONTHS_PER_YEAR * DAYS_PER_MONTH * USECS_PER_DAY)
+
 /* ---------- settings (guc.c) ---------- */
 
 typedef enum IdemStaleAction

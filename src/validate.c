@@ -103,6 +103,16 @@ idem_arg_duration(FunctionCallInfo fcinfo, int argno, const char *name,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s is out of range", name)));
 
+	/*
+	 * The longest duration keeps every expiry computed from it, now or when
+	 * the claim is settled later, far inside the timestamp range.
+	 */
+	if (us > IDEM_MAX_DURATION_US)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s is out of range", name),
+				 errdetail("The longest %s is %d years.", name, IDEM_MAX_DURATION_YEARS)));
+
 	if (us < 0 || (us == 0 && !zero_allowed))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
