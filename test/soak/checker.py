@@ -482,7 +482,9 @@ def check_liveness_in_run(hist, i7):
 def sweep_interval(conn):
     cur = conn.cursor()
     try:
-        cur.execute("SELECT setting::int FROM pg_settings WHERE name = 'idempotency.sweep_interval'")
+        # in seconds; the setting itself is kept in its unit (milliseconds)
+        cur.execute("SELECT extract(epoch FROM (setting || unit)::interval)::float8"
+                    " FROM pg_settings WHERE name = 'idempotency.sweep_interval'")
         row = cur.fetchone()
         return row[0] if row else 0
     except Exception:

@@ -71,7 +71,7 @@ $node->safe_psql('postgres', 'CREATE DATABASE src');
 $node->safe_psql('src', 'CREATE EXTENSION idempotency');
 load_backlog('src');
 
-$node->safe_psql('postgres', 'ALTER SYSTEM SET idempotency.sweep_interval = 1');
+$node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.sweep_interval = '1s'});
 $node->reload;
 
 # ---------- CREATE DATABASE ... TEMPLATE ----------

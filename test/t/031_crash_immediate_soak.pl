@@ -32,7 +32,7 @@ $node->init;
 $node->append_conf(
 	'postgresql.conf', q{
 shared_preload_libraries = 'idempotency'
-idempotency.sweep_interval = 1
+idempotency.sweep_interval = '1s'
 max_connections = 60
 lc_messages = 'C'
 });

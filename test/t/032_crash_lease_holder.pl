@@ -31,7 +31,7 @@ $node->init;
 $node->append_conf(
 	'postgresql.conf', qq{
 shared_preload_libraries = 'idempotency'
-idempotency.sweep_interval = $interval_s
+idempotency.sweep_interval = '${interval_s}s'
 restart_after_crash = on
 lc_messages = 'C'
 });
@@ -75,7 +75,7 @@ sub set_sweep_interval
 {
 	my ($seconds) = @_;
 	$node->safe_psql('postgres',
-		"ALTER SYSTEM SET idempotency.sweep_interval = $seconds; SELECT pg_reload_conf();");
+		"ALTER SYSTEM SET idempotency.sweep_interval = '${seconds}s'; SELECT pg_reload_conf();");
 	# let the launcher see it, and a sweep already started finish
 	usleep(1_500_000);
 }

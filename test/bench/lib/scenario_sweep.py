@@ -64,7 +64,7 @@ class Backlog:
 def set_sweep_interval(pg, seconds):
     conn = pg.connect("postgres")
     with conn.cursor() as cur:
-        cur.execute(f"ALTER SYSTEM SET idempotency.sweep_interval = {int(seconds)}")
+        cur.execute(f"ALTER SYSTEM SET idempotency.sweep_interval = '{int(seconds)}s'")
         cur.execute("SELECT pg_reload_conf()")
     conn.close()
     time.sleep(0.3)
