@@ -91,8 +91,9 @@ typedef struct BatchKey
 	int			first;			/* index of the first element with this key */
 	bool		found;			/* its record was read */
 	IdemRecord	rec;
-	bool		locked;			/* we took its key lock */
-	bool		decided;
+	bool		locked;			/* we hold its key lock */
+	bool		inserted;		/* claimed by the bulk insert */
+	bool		decided;		/* outcome known from its record */
 	int64		token;			/* fresh token, when it goes to the bulk insert */
 	IdemClaimResult res;
 } BatchKey;
@@ -155,7 +156,7 @@ record_inserted(void *arg, text *key)
 	int			i = find_element(batch, key);
 
 	if (i >= 0)
-		batch->keys[i].decided = true;
+		batch->keys[i].inserted = true;
 }
 
 /* A text[] of the given texts. */
@@ -173,11 +174,11 @@ text_array(text **items, int n)
  * One row per element of keys, in order.  All arguments are checked before
  * any key is claimed, so a bad element changes nothing.
  *
- * The writes of a batch are one statement: after a primary-key read of
- * each key and each fresh key's lock, one INSERT of every fresh key.
- * Only the rare keys that need more (an expired record to take over, a
- * conflict with a concurrent claim, a key repeated in the batch) go through
- * idem_claim_one, exactly as idem_claim would.
+ * A batch of new keys costs one statement: every free key's lock, then one
+ * INSERT of all of them.  Keys that turn out to have a record are read by
+ * primary key and decided as idem_claim decides; only the rare keys that
+ * need more (an expired record to take over, a key repeated in the batch)
+ * go through idem_claim_one, exactly as idem_claim would.
  */
 Datum
 idem_claim_many(PG_FUNCTION_ARGS)
@@ -251,52 +252,27 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	idem_store_begin(fcinfo);
 
 	/*
-	 * 1. read every record.  One primary-key lookup per key: a single
-	 * "key = ANY(...)" statement would be planned from the table's
-	 * statistics, and with stale ones (a table emptied by the sweeper, then
-	 * analyzed) it scans the tenant's whole key range instead.
+	 * 1. take the lock of every distinct key that is free; a batch of a
+	 * consumer is mostly new messages, so those go straight to the INSERT.
 	 */
-	for (int i = 0; i < nkeys; i++)
-	{
-		BatchKey   *bk = &batch.keys[i];
-
-		if (bk->first == i)
-			bk->found = idem_store_read(&bk->k, &bk->rec, false);
-	}
-
-	/* 2. decide what reading tells; lock the keys that need a write */
 	now = GetCurrentTimestamp();
 	lease_end = idem_add_duration(now, args.lease_us, "lease");
 	for (int i = 0; i < nkeys; i++)
 	{
 		BatchKey   *bk = &batch.keys[i];
 
-		if (bk->first != i)
+		if (bk->first != i ||
+			idem_keylock_acquire(&bk->k, 0) == IDEM_KEYLOCK_BUSY)
 			continue;
-		args.fingerprint = bk->fingerprint;
-		if (idem_claim_decide(bk->found ? &bk->rec : NULL, &args, now, &bk->res))
-		{
-			bk->decided = true;
-			continue;
-		}
-		if (idem_keylock_acquire(&bk->k, 0) == IDEM_KEYLOCK_BUSY)
-		{
-			bk->res.outcome = IDEM_OUTCOME_IN_PROGRESS;
-			bk->decided = true;
-			continue;
-		}
 		bk->locked = true;
-		if (!bk->found)
-		{
-			bk->token = idem_fresh_token(now);
-			fresh_keys[nfresh] = bk->k.key;
-			fresh_fps[nfresh] = bk->fingerprint;
-			fresh_tokens[nfresh] = Int64GetDatum(bk->token);
-			nfresh++;
-		}
+		bk->token = idem_fresh_token(now);
+		fresh_keys[nfresh] = bk->k.key;
+		fresh_fps[nfresh] = bk->fingerprint;
+		fresh_tokens[nfresh] = Int64GetDatum(bk->token);
+		nfresh++;
 	}
 
-	/* 3. every fresh key in one INSERT */
+	/* 2. every locked key in one INSERT; RETURNING says which had no record */
 	if (nfresh > 0)
 	{
 		Datum		fps;
@@ -315,6 +291,33 @@ idem_claim_many(PG_FUNCTION_ARGS)
 							   fps, now, lease_end, args.ttl_us, record_inserted, &batch);
 	}
 
+	/*
+	 * 3. the keys that have a record (or whose lock another transaction
+	 * holds): decide from the record, as idem_claim would without waiting
+	 */
+	for (int i = 0; i < nkeys; i++)
+	{
+		BatchKey   *bk = &batch.keys[i];
+
+		if (bk->first != i || bk->inserted)
+			continue;
+		args.fingerprint = bk->fingerprint;
+		bk->found = idem_store_read(&bk->k, &bk->rec, true);
+		if (idem_claim_decide(bk->found ? &bk->rec : NULL, &args, now, &bk->res))
+			bk->decided = true;
+		else if (!bk->locked)
+		{
+			/* no usable record, and another transaction is on the key */
+			bk->res.outcome = IDEM_OUTCOME_IN_PROGRESS;
+			bk->decided = true;
+		}
+		if (bk->decided && bk->locked)
+		{
+			idem_keylock_release(&bk->k);
+			bk->locked = false;
+		}
+	}
+
 	/* 4. the rest, one by one, as idem_claim would; then the rows, in order */
 	for (int i = 0; i < nkeys; i++)
 	{
@@ -323,9 +326,8 @@ idem_claim_many(PG_FUNCTION_ARGS)
 		bool		nulls[5];
 
 		args.fingerprint = bk->fingerprint;
-		if (bk->first == i && bk->locked && bk->decided && !bk->found)
+		if (bk->first == i && bk->inserted)
 		{
-			/* went in with the bulk insert */
 			memset(&bk->res, 0, sizeof(bk->res));
 			bk->res.outcome = IDEM_OUTCOME_CLAIMED;
 			bk->res.token = bk->token;
@@ -334,8 +336,8 @@ idem_claim_many(PG_FUNCTION_ARGS)
 		}
 		else if (bk->first != i || !bk->decided)
 		{
+			/* an expired record to take over, or a key repeated in the batch */
 			idem_claim_one(&bk->k, &args, &bk->res);
-			/* the lock taken in step 2 is not needed by a claim that did not win */
 			if (bk->locked && bk->res.outcome != IDEM_OUTCOME_CLAIMED &&
 				!bk->res.stale_failed)
 				idem_keylock_release(&bk->k);
