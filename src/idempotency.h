@@ -122,7 +122,6 @@ extern void idem_store_init(void);
 extern void idem_store_begin(FunctionCallInfo fcinfo);
 extern void idem_store_begin_in_schema(Oid nsp);
 extern void idem_store_end(void);
-extern Oid	idem_store_schema(void);
 extern Oid	idem_store_table(void);
 
 extern bool idem_store_read(const IdemKey *k, IdemRecord *rec,

@@ -371,12 +371,6 @@ idem_store_end(void)
 }
 
 Oid
-idem_store_schema(void)
-{
-	return cached_schema;
-}
-
-Oid
 idem_store_table(void)
 {
 	return cached_table;

@@ -101,6 +101,23 @@ typedef enum BatchResult
 static TimestampTz no_slot_warned_at = 0;
 
 /*
+ * What the launcher and the per-database workers share: both connect (the
+ * launcher to no database), write, and start only once recovery is over.
+ */
+static void
+worker_entry(BackgroundWorker *worker, const char *function, const char *type,
+			 int restart_time)
+{
+	memset(worker, 0, sizeof(*worker));
+	worker->bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker->bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker->bgw_restart_time = restart_time;
+	strlcpy(worker->bgw_library_name, IDEM_LIBRARY_NAME, BGW_MAXLEN);
+	strlcpy(worker->bgw_function_name, function, BGW_MAXLEN);
+	strlcpy(worker->bgw_type, type, BGW_MAXLEN);
+}
+
+/*
  * Register the launcher.  Called from _PG_init while the library is being
  * preloaded, and only then: static workers can only be registered at
  * postmaster start.  Not under pg_upgrade, which must not see writes.
@@ -113,15 +130,10 @@ idem_worker_register(void)
 	if (IsBinaryUpgrade)
 		return;
 
-	memset(&worker, 0, sizeof(worker));
 	/* a "database connection" to no database: shared catalogs only */
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = IDEM_LAUNCHER_RESTART_S;
-	strlcpy(worker.bgw_library_name, IDEM_LIBRARY_NAME, BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "idem_sweeper_launcher_main", BGW_MAXLEN);
+	worker_entry(&worker, "idem_sweeper_launcher_main", IDEM_LAUNCHER_TYPE,
+				 IDEM_LAUNCHER_RESTART_S);
 	strlcpy(worker.bgw_name, IDEM_LAUNCHER_TYPE, BGW_MAXLEN);
-	strlcpy(worker.bgw_type, IDEM_LAUNCHER_TYPE, BGW_MAXLEN);
 	RegisterBackgroundWorker(&worker);
 }
 
@@ -213,15 +225,10 @@ sweep_database(const SweepTarget *target)
 	pid_t		pid;
 	char		activity[NAMEDATALEN + 64];
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	strlcpy(worker.bgw_library_name, IDEM_LIBRARY_NAME, BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "idem_sweeper_worker_main", BGW_MAXLEN);
+	worker_entry(&worker, "idem_sweeper_worker_main", IDEM_WORKER_TYPE,
+				 BGW_NEVER_RESTART);
 	snprintf(worker.bgw_name, BGW_MAXLEN, "idempotency sweeper for database %u",
 			 target->dboid);
-	strlcpy(worker.bgw_type, IDEM_WORKER_TYPE, BGW_MAXLEN);
 	/* only an OID crosses the process boundary, never a pointer */
 	worker.bgw_main_arg = ObjectIdGetDatum(target->dboid);
 	worker.bgw_notify_pid = MyProcPid;
