@@ -4,7 +4,8 @@
  *		the caller runs the work, replays a stored answer, or backs off.
  *
  * The fast paths cost one statement: a replay is a single primary-key read
- * (no lock, no write), a fresh key is a read that misses plus one INSERT.
+ * (no write), a fresh key is a read that misses, plus one INSERT unless the
+ * claim is only remembered until it settles (pending.c).
  * Only a conflict or an expired record takes more, through a loop that
  * re-reads with a fresh snapshot until the row settles.
  *
@@ -172,9 +173,43 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 {
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz deadline = idem_add_duration(now, args->wait_us, "wait");
+	IdemPendingClaim *pending = idem_pending_find(k);
+	bool		defer;
 	bool		have_lock = false;
 	bool		fresh = false;
 	int			sleep_ms = IDEM_POLL_MIN_MS;
+
+	/* this transaction claimed the key already and has not written it yet */
+	if (pending != NULL)
+	{
+		memset(res, 0, sizeof(*res));
+		res->token_isnull = true;
+		res->response_isnull = true;
+		if (fingerprint_differs(pending->fingerprint, args->fingerprint))
+		{
+			res->outcome = IDEM_OUTCOME_MISMATCH;
+			res->expires_at_isnull = true;
+		}
+		else
+		{
+			res->outcome = IDEM_OUTCOME_IN_PROGRESS;
+			res->expires_at = pending->lease_expires_at;
+		}
+		return;
+	}
+
+	/*
+	 * A fresh claim that will only be remembered (pending.c) writes nothing
+	 * that could collide with a concurrent claim, so it must know there is
+	 * none: it takes the key lock first, then reads with a snapshot taken
+	 * after the lock, which sees every record whose writer has let go.
+	 */
+	defer = args->may_defer && idem_pending_allowed(idem_store_table());
+	if (defer)
+	{
+		have_lock = idem_keylock_acquire(k, 0) == IDEM_KEYLOCK_ACQUIRED;
+		fresh = true;
+	}
 
 	for (int conflicts = 0;; conflicts++)
 	{
@@ -221,9 +256,12 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 				break;
 			}
 			have_lock = true;
-			if (lr == IDEM_KEYLOCK_ACQUIRED_AFTER_WAIT)
+			if (lr == IDEM_KEYLOCK_ACQUIRED_AFTER_WAIT || defer)
 			{
-				/* the holder finished while we waited: look again */
+				/*
+				 * The holder finished while we waited, or (a claim that will
+				 * be remembered) since we read: look again.
+				 */
 				now = GetCurrentTimestamp();
 				conflicts--;
 				continue;
@@ -235,8 +273,12 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 			int64		token = idem_fresh_token(now);
 			TimestampTz lease_end = idem_add_duration(now, args->lease_us, "lease");
 
-			if (idem_store_insert(k, args->fingerprint, token, now, lease_end,
-								  args->ttl_us))
+			if (defer)
+				idem_pending_add(k, args->fingerprint, token, now, lease_end,
+								 args->ttl_us);
+			if (defer ||
+				idem_store_insert(k, args->fingerprint, token, now, now,
+								  lease_end, args->ttl_us))
 			{
 				res->outcome = IDEM_OUTCOME_CLAIMED;
 				res->token = token;
@@ -327,6 +369,7 @@ idem_claim_args(FunctionCallInfo fcinfo, int lease_arg, int ttl_arg,
 	args->wait_us = wait_arg < 0 ? 0 :
 		idem_arg_duration(fcinfo, wait_arg, "wait", 0, true);
 	idem_check_ttl_floor(args->ttl_us);
+	args->may_defer = false;
 }
 
 /*
@@ -377,6 +420,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	k.key = idem_arg_identifier(fcinfo, 1, "key", true);
 	args.fingerprint = idem_arg_identifier(fcinfo, 2, "fingerprint", false);
 	idem_claim_args(fcinfo, 3, 4, 5, &args);
+	args.may_defer = true;
 
 	desc = claim_result_desc(fcinfo);
 

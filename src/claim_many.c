@@ -249,6 +249,8 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	fresh_fps = palloc(sizeof(text *) * Max(nkeys, 1));
 	fresh_tokens = palloc(sizeof(Datum) * Max(nkeys, 1));
 
+	/* keys this transaction claimed one by one are written first */
+	idem_pending_flush();
 	idem_store_begin(fcinfo);
 
 	/*

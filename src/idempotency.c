@@ -22,6 +22,7 @@ _PG_init(void)
 {
 	idem_define_settings();
 	idem_store_init();
+	idem_pending_init();
 
 	if (!process_shared_preload_libraries_in_progress)
 		return;

@@ -8,6 +8,7 @@
  *	 validate.c		argument checks shared by every SQL function
  *	 store.c		the only code that talks to idempotency_records (SPI)
  *	 keylock.c		the per-key advisory lock that makes in_progress non-blocking
+ *	 pending.c		fresh claims written once, when they settle or before anyone looks
  *	 claim.c		idem_claim
  *	 claim_many.c	idem_claim_many (a consumer's batch in one statement)
  *	 settle.c		idem_complete, idem_release, idem_heartbeat (fenced by token)
@@ -123,6 +124,9 @@ extern void idem_store_begin(FunctionCallInfo fcinfo);
 extern void idem_store_begin_in_schema(Oid nsp);
 extern void idem_store_end(void);
 extern Oid	idem_store_table(void);
+extern Oid	idem_store_schema(void);
+extern bool idem_store_is_table(Oid relid);
+extern bool idem_store_running(void);
 
 extern bool idem_store_read(const IdemKey *k, IdemRecord *rec,
 							bool fresh_snapshot);
@@ -132,8 +136,13 @@ extern void idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
 								   void (*inserted) (void *arg, text *key),
 								   void *arg);
 extern bool idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
-							  TimestampTz now, TimestampTz lease_expires_at,
-							  int64 ttl_us);
+							  TimestampTz created_at, TimestampTz updated_at,
+							  TimestampTz lease_expires_at, int64 ttl_us);
+extern bool idem_store_insert_finished(const IdemKey *k, text *fingerprint,
+									   int64 token, TimestampTz created_at,
+									   TimestampTz now, int64 ttl_us,
+									   IdemStatus status, Datum response,
+									   bool response_isnull);
 extern bool idem_store_take_over(const IdemKey *k, int64 old_token,
 								 text *fingerprint, bool new_lifetime,
 								 TimestampTz now, TimestampTz lease_expires_at,
@@ -197,6 +206,36 @@ extern IdemKeyLockResult idem_keylock_acquire(const IdemKey *k, int64 wait_us);
 extern void idem_keylock_hold(const IdemKey *k);
 extern void idem_keylock_release(const IdemKey *k);
 
+/* ---------- claims written when they settle (pending.c) ---------- */
+
+/* A fresh claim of this transaction whose record is not written yet. */
+typedef struct IdemPendingClaim
+{
+	text	   *tenant_id;
+	text	   *key;
+	text	   *fingerprint;	/* NULL: none */
+	Oid			schema;			/* where the table is */
+	Oid			userid;			/* who claimed: the write runs as them */
+	int64		token;
+	TimestampTz created_at;
+	TimestampTz updated_at;
+	TimestampTz lease_expires_at;
+	int64		ttl_us;
+	SubTransactionId settled_in;	/* written or dropped in this subxact */
+} IdemPendingClaim;
+
+extern void idem_pending_init(void);
+extern bool idem_pending_allowed(Oid table);
+extern IdemPendingClaim *idem_pending_find(const IdemKey *k);
+extern void idem_pending_add(const IdemKey *k, text *fingerprint, int64 token,
+							 TimestampTz now, TimestampTz lease_expires_at,
+							 int64 ttl_us);
+extern void idem_pending_write(IdemPendingClaim *p, IdemStatus status,
+							   Datum response, bool response_isnull,
+							   TimestampTz now);
+extern void idem_pending_settle(IdemPendingClaim *p);
+extern void idem_pending_flush(void);
+
 /* ---------- claiming (claim.c) ---------- */
 
 typedef enum IdemOutcome
@@ -214,6 +253,7 @@ typedef struct IdemClaimArgs
 	int64		lease_us;
 	int64		ttl_us;
 	int64		wait_us;		/* 0: never wait */
+	bool		may_defer;		/* a fresh claim may be remembered (pending.c) */
 } IdemClaimArgs;
 
 typedef struct IdemClaimResult

@@ -20,6 +20,17 @@ PG_FUNCTION_INFO_V1(idem_complete);
 PG_FUNCTION_INFO_V1(idem_release);
 PG_FUNCTION_INFO_V1(idem_heartbeat);
 
+/* A token that is not the key's current token. */
+static void
+refuse_token(int64 token, const char *action)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_TOKEN_MISMATCH),
+			 errmsg("cannot %s: token " INT64_FORMAT " does not hold this key", action, token),
+			 errdetail("The claim's lease expired and a newer claim took the key over, or the token is wrong."),
+			 errhint("Stop working on this key: its outcome belongs to the newer claim.")));
+}
+
 /*
  * A fenced write matched no row: say why, in the order that helps a caller
  * most (unknown key, then a newer owner, then already settled).
@@ -35,11 +46,7 @@ report_refused(const IdemKey *k, int64 token, const char *action)
 				 errmsg("cannot %s: no record exists for this key", action),
 				 errdetail("The key was never claimed, or it was released, forgotten or swept.")));
 	if (rec.token != token)
-		ereport(ERROR,
-				(errcode(ERRCODE_IDEM_TOKEN_MISMATCH),
-				 errmsg("cannot %s: token " INT64_FORMAT " does not hold this key", action, token),
-				 errdetail("The claim's lease expired and a newer claim took the key over, or the token is wrong."),
-				 errhint("Stop working on this key: its outcome belongs to the newer claim.")));
+		refuse_token(token, action);
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEM_NOT_PROCESSING),
 			 errmsg("cannot %s: the key is already %s", action, idem_status_name(rec.status))));
@@ -76,6 +83,21 @@ check_durability(const char *action)
 			 errhint("Use synchronous_commit = on (or remote_apply with a synchronous standby) for transactions that settle claims, or set idempotency.durability_check = off to accept the risk.")));
 }
 
+/*
+ * The unwritten claim of k in this transaction (pending.c), if any.  Its
+ * token is the key's current token, so any other token is refused here
+ * exactly as the record would refuse it.
+ */
+static IdemPendingClaim *
+pending_claim(const IdemKey *k, int64 token, const char *action)
+{
+	IdemPendingClaim *p = idem_pending_find(k);
+
+	if (p != NULL && p->token != token)
+		refuse_token(token, action);
+	return p;
+}
+
 /* Read the (tenant_id, key, token) arguments every fenced write starts with. */
 static void
 fenced_args(FunctionCallInfo fcinfo, IdemKey *k, int64 *token)
@@ -97,16 +119,24 @@ idem_complete(PG_FUNCTION_ARGS)
 	int64		token;
 	Datum		response;
 	bool		response_isnull;
+	IdemPendingClaim *pending;
 
 	fenced_args(fcinfo, &k, &token);
 	response = idem_arg_jsonb(fcinfo, 3, "response", &response_isnull);
 	check_durability("idem_complete");
 
 	idem_store_begin(fcinfo);
-	idem_keylock_hold(&k);
-	if (!idem_store_finish(&k, token, IDEM_COMPLETED, response, response_isnull,
-						   GetCurrentTimestamp()))
-		report_refused(&k, token, "complete");
+	pending = pending_claim(&k, token, "complete");
+	if (pending != NULL)
+		idem_pending_write(pending, IDEM_COMPLETED, response, response_isnull,
+						   GetCurrentTimestamp());
+	else
+	{
+		idem_keylock_hold(&k);
+		if (!idem_store_finish(&k, token, IDEM_COMPLETED, response,
+							   response_isnull, GetCurrentTimestamp()))
+			report_refused(&k, token, "complete");
+	}
 	idem_store_end();
 	idem_stats_add(IDEM_STAT_COMPLETES, 1);
 
@@ -127,6 +157,7 @@ idem_release(PG_FUNCTION_ARGS)
 	Datum		failure;
 	bool		failure_isnull;
 	bool		done;
+	IdemPendingClaim *pending;
 
 	fenced_args(fcinfo, &k, &token);
 	failure = idem_arg_jsonb(fcinfo, 3, "failure", &failure_isnull);
@@ -134,14 +165,27 @@ idem_release(PG_FUNCTION_ARGS)
 		check_durability("idem_release");
 
 	idem_store_begin(fcinfo);
-	idem_keylock_hold(&k);
-	if (failure_isnull)
-		done = idem_store_delete_claim(&k, token);
+	pending = pending_claim(&k, token, "release");
+	if (pending != NULL)
+	{
+		/* nothing was written: forgetting the claim is the release */
+		if (failure_isnull)
+			idem_pending_settle(pending);
+		else
+			idem_pending_write(pending, IDEM_FAILED, failure, false,
+							   GetCurrentTimestamp());
+	}
 	else
-		done = idem_store_finish(&k, token, IDEM_FAILED, failure, false,
-								 GetCurrentTimestamp());
-	if (!done)
-		report_refused(&k, token, "release");
+	{
+		idem_keylock_hold(&k);
+		if (failure_isnull)
+			done = idem_store_delete_claim(&k, token);
+		else
+			done = idem_store_finish(&k, token, IDEM_FAILED, failure, false,
+									 GetCurrentTimestamp());
+		if (!done)
+			report_refused(&k, token, "release");
+	}
 	idem_store_end();
 	idem_stats_add(IDEM_STAT_RELEASES, 1);
 
@@ -163,6 +207,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	int64		lease_us;
 	TimestampTz now;
 	TimestampTz lease_end;
+	IdemPendingClaim *pending;
 
 	fenced_args(fcinfo, &k, &token);
 	lease_us = idem_arg_duration(fcinfo, 3, "lease",
@@ -171,9 +216,21 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	lease_end = idem_add_duration(now, lease_us, "lease");
 
 	idem_store_begin(fcinfo);
-	idem_keylock_hold(&k);
-	if (!idem_store_extend_lease(&k, token, now, lease_end))
-		report_refused(&k, token, "heartbeat");
+	pending = pending_claim(&k, token, "heartbeat");
+	if (pending != NULL && GetCurrentSubTransactionId() == TopSubTransactionId)
+	{
+		pending->lease_expires_at = lease_end;
+		pending->updated_at = now;
+	}
+	else
+	{
+		/* a subtransaction could roll the new lease back: write the claim */
+		if (pending != NULL)
+			idem_pending_flush();
+		idem_keylock_hold(&k);
+		if (!idem_store_extend_lease(&k, token, now, lease_end))
+			report_refused(&k, token, "heartbeat");
+	}
 	idem_store_end();
 	idem_stats_add(IDEM_STAT_HEARTBEATS, 1);
 

@@ -32,6 +32,7 @@ typedef enum IdemQuery
 {
 	Q_READ,
 	Q_INSERT,
+	Q_INSERT_FINISHED,
 	Q_INSERT_MANY,
 	Q_TAKE_OVER,
 	Q_FAIL_STALE,
@@ -72,7 +73,14 @@ static const char *const query_text[NUM_QUERIES] = {
 	[Q_INSERT] =
 	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
 	" created_at, updated_at, ttl, status, fingerprint)"
-	" VALUES ($1, $2, $3, $4, $4, $5, $5, $6, 'processing', $7)"
+	" VALUES ($1, $2, $3, $4, $4, $5, $8, $6, 'processing', $7)"
+	" ON CONFLICT (tenant_id, key) DO NOTHING",
+
+	/* a claim written once, already completed or failed (pending.c) */
+	[Q_INSERT_FINISHED] =
+	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
+	" created_at, updated_at, ttl, status, fingerprint, response)"
+	" VALUES ($1, $2, $3, $4, NULL, $5, $6, $7, $8, $9, $10)"
 	" ON CONFLICT (tenant_id, key) DO NOTHING",
 
 	/* $8: a new lifetime (expired record reused) rather than a takeover */
@@ -147,12 +155,14 @@ static const char *const query_text[NUM_QUERIES] = {
 	" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
 };
 
-static const Oid query_argtypes[NUM_QUERIES][8] = {
+static const Oid query_argtypes[NUM_QUERIES][10] = {
 	[Q_READ] = {TEXTOID, TEXTOID},
 	[Q_INSERT_MANY] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID,
 	TIMESTAMPTZOID, INTERVALOID, TEXTARRAYOID},
 	[Q_INSERT] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-	INTERVALOID, TEXTOID},
+	INTERVALOID, TEXTOID, TIMESTAMPTZOID},
+	[Q_INSERT_FINISHED] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+	TIMESTAMPTZOID, INTERVALOID, TEXTOID, TEXTOID, JSONBOID},
 	[Q_TAKE_OVER] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID,
 	TIMESTAMPTZOID, INTERVALOID, BOOLOID},
 	[Q_FAIL_STALE] = {TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID},
@@ -170,7 +180,8 @@ static const Oid query_argtypes[NUM_QUERIES][8] = {
 static const int query_nargs[NUM_QUERIES] = {
 	[Q_READ] = 2,
 	[Q_INSERT_MANY] = 7,
-	[Q_INSERT] = 7,
+	[Q_INSERT] = 8,
+	[Q_INSERT_FINISHED] = 10,
 	[Q_TAKE_OVER] = 8,
 	[Q_FAIL_STALE] = 5,
 	[Q_FINISH] = 6,
@@ -222,6 +233,9 @@ static bool syscache_callback_registered = false;
  */
 static planner_hook_type prev_planner_hook = NULL;
 static bool planning_store_statement = false;
+
+/* One of our statements is running (pending.c leaves it alone). */
+static bool store_statement_running = false;
 
 static PlannedStmt *
 store_planner(Query *parse, const char *query_string, int cursorOptions,
@@ -376,6 +390,25 @@ idem_store_table(void)
 	return cached_table;
 }
 
+Oid
+idem_store_schema(void)
+{
+	return cached_schema;
+}
+
+/* Is relid the records table this backend works with? */
+bool
+idem_store_is_table(Oid relid)
+{
+	return OidIsValid(relid) && relid == cached_table;
+}
+
+bool
+idem_store_running(void)
+{
+	return store_statement_running;
+}
+
 static SPIPlanPtr
 store_plan(IdemQuery q)
 {
@@ -415,6 +448,7 @@ store_run(IdemQuery q, Datum *values, const char *nulls, bool read_only,
 	int			rc;
 
 	planning_store_statement = true;
+	store_statement_running = true;
 	PG_TRY();
 	{
 		rc = SPI_execute_plan(plan, values, nulls, read_only, tcount);
@@ -422,6 +456,7 @@ store_run(IdemQuery q, Datum *values, const char *nulls, bool read_only,
 	PG_FINALLY();
 	{
 		planning_store_statement = false;
+		store_statement_running = false;
 	}
 	PG_END_TRY();
 	if (rc < 0)
@@ -577,21 +612,54 @@ idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
  */
 bool
 idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
-				  TimestampTz now, TimestampTz lease_expires_at, int64 ttl_us)
+				  TimestampTz created_at, TimestampTz updated_at,
+				  TimestampTz lease_expires_at, int64 ttl_us)
 {
-	Datum		values[7];
-	char		nulls[8] = "      ";
+	Datum		values[8];
+	char		nulls[9] = "        ";
 
 	values[0] = PointerGetDatum(k->tenant_id);
 	values[1] = PointerGetDatum(k->key);
 	values[2] = Int64GetDatum(token);
 	values[3] = TimestampTzGetDatum(lease_expires_at);
-	values[4] = TimestampTzGetDatum(now);
+	values[4] = TimestampTzGetDatum(created_at);
 	values[5] = interval_datum(ttl_us);
 	values[6] = PointerGetDatum(fingerprint);
 	nulls[6] = fingerprint ? ' ' : 'n';
+	values[7] = TimestampTzGetDatum(updated_at);
 
 	return store_run(Q_INSERT, values, nulls, false, 0) == 1;
+}
+
+/*
+ * Insert the record of a claim that was never written, already settled
+ * (pending.c): kept for ttl from now, like idem_store_finish.  Returns
+ * false when the key exists.
+ */
+bool
+idem_store_insert_finished(const IdemKey *k, text *fingerprint, int64 token,
+						   TimestampTz created_at, TimestampTz now,
+						   int64 ttl_us, IdemStatus status, Datum response,
+						   bool response_isnull)
+{
+	Datum		values[10];
+	char		nulls[11] = "          ";
+
+	Assert(status != IDEM_PROCESSING);
+	values[0] = PointerGetDatum(k->tenant_id);
+	values[1] = PointerGetDatum(k->key);
+	values[2] = Int64GetDatum(token);
+	values[3] = TimestampTzGetDatum(idem_add_duration(now, ttl_us, "ttl"));
+	values[4] = TimestampTzGetDatum(created_at);
+	values[5] = TimestampTzGetDatum(now);
+	values[6] = interval_datum(ttl_us);
+	values[7] = CStringGetTextDatum(idem_status_name(status));
+	values[8] = PointerGetDatum(fingerprint);
+	nulls[8] = fingerprint ? ' ' : 'n';
+	values[9] = response;
+	nulls[9] = response_isnull ? 'n' : ' ';
+
+	return store_run(Q_INSERT_FINISHED, values, nulls, false, 0) == 1;
 }
 
 /*

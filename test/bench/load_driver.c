@@ -287,14 +287,30 @@ pipe_sync_result(thread_state *t)
 	return ok ? 0 : -1;
 }
 
-/* BEGIN; INSERT; COMMIT in one round trip. */
+/*
+ * BEGIN; INSERT; COMMIT in one round trip.  With --work-ms the work happens
+ * inside the transaction: BEGIN + INSERT in one round trip (flushed without
+ * a sync), the work, then COMMIT and the sync: 2 round trips.
+ */
 static int
 bare_pipelined(thread_state *t, const char *account, const char *amount)
 {
 	const char *ins[2] = {account, amount};
 
-	if (pipe_send(t, "begin", 0, NULL) || pipe_send(t, "insert", 2, ins) ||
-		pipe_send(t, "commit", 0, NULL) || !PQpipelineSync(t->pg))
+	if (pipe_send(t, "begin", 0, NULL) || pipe_send(t, "insert", 2, ins))
+		return -1;
+	if (opt.work_ms > 0)
+	{
+		if (!PQsendFlushRequest(t->pg) || PQflush(t->pg) != 0 ||
+			pipe_result(t, NULL, 0) || pipe_result(t, NULL, 0))
+			return -1;
+		sleep_ms(opt.work_ms);
+		if (pipe_send(t, "commit", 0, NULL) || !PQpipelineSync(t->pg) ||
+			pipe_result(t, NULL, 0))
+			return -1;
+		return pipe_sync_result(t);
+	}
+	if (pipe_send(t, "commit", 0, NULL) || !PQpipelineSync(t->pg))
 		return -1;
 	if (pipe_result(t, NULL, 0) || pipe_result(t, NULL, 0) || pipe_result(t, NULL, 0))
 		return -1;
@@ -303,7 +319,8 @@ bare_pipelined(thread_state *t, const char *account, const char *amount)
 
 /*
  * Round trip 1: BEGIN + claim, flushed without a sync (the transaction stays
- * open).  Round trip 2: INSERT + complete + COMMIT, then the sync.
+ * open).  Then the work (--work-ms), inside the transaction.  Round trip 2:
+ * INSERT + complete + COMMIT, then the sync.
  */
 static int
 claim_pipelined(thread_state *t, const char *key, const char *account, const char *amount)
@@ -318,6 +335,8 @@ claim_pipelined(thread_state *t, const char *key, const char *account, const cha
 		return -1;
 	if (pipe_result(t, NULL, 0) || pipe_result(t, token, sizeof(token)) || token[0] == '\0')
 		return -1;
+	if (opt.work_ms > 0)
+		sleep_ms(opt.work_ms);
 	if (pipe_send(t, "insert", 2, ins) || pipe_send(t, "complete", 4, complete) ||
 		pipe_send(t, "commit", 0, NULL) || !PQpipelineSync(t->pg))
 		return -1;

@@ -80,6 +80,15 @@ SCENARIOS = [
     Scenario("0c", "articles' set-up, C driver, no idempotency", "driver", mode="bare",
              clients=50, work_ms=50, ref="0c", round_trips="3",
              duration="s0"),
+    # the pattern the README recommends, with the work inside the transaction:
+    # BEGIN + claim | work | INSERT + complete + COMMIT, against the same
+    # business transaction in as few round trips (BEGIN + INSERT | work | COMMIT)
+    Scenario("0cp", "articles' set-up, C driver, no idempotency, fewest round trips",
+             "driver", mode="bare-pipelined", clients=50, work_ms=50, ref="0cp",
+             round_trips="2", duration="s0"),
+    Scenario("0f", "articles' set-up, C driver, extension, fewest round trips",
+             "driver", mode="claim-pipelined", clients=50, work_ms=50, ref="0cp",
+             round_trips="2", duration="s0"),
     Scenario("0r", "articles' set-up, C driver, Redis pattern (default persistence)",
              "driver", mode="redis", redis="default", clients=50, work_ms=50, ref="0c",
              round_trips="2 Redis + 3 PG", duration="s0"),
