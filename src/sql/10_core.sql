@@ -3,18 +3,24 @@
 -- security and GRANTs stay in force.  The C code reaches the table only
 -- through schema-qualified SQL, so search_path cannot redirect it.
 
+-- The result row is a named type rather than OUT parameters: PostgreSQL
+-- finds a named type's descriptor in its type cache, while OUT parameters
+-- are decoded from pg_proc again for every execution of a query that calls
+-- the function in FROM.
+CREATE TYPE @extschema@.idem_claim_result AS (
+    outcome    text,
+    token      bigint,
+    response   jsonb,
+    expires_at timestamptz);
+
 CREATE FUNCTION @extschema@.idem_claim(
     tenant_id   text,
     key         text,
     fingerprint text     DEFAULT NULL,
     lease       interval DEFAULT NULL,
     ttl         interval DEFAULT NULL,
-    wait        interval DEFAULT NULL,
-    OUT outcome    text,
-    OUT token      bigint,
-    OUT response   jsonb,
-    OUT expires_at timestamptz)
-RETURNS record
+    wait        interval DEFAULT NULL)
+RETURNS @extschema@.idem_claim_result
 AS 'MODULE_PATHNAME', 'idem_claim'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
