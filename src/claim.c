@@ -277,8 +277,8 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 				idem_pending_add(k, args->fingerprint, token, now, lease_end,
 								 args->ttl_us);
 			if (defer ||
-				idem_store_insert(k, args->fingerprint, token, now, now,
-								  lease_end, args->ttl_us))
+				idem_store_insert(k, args->fingerprint, token, now, lease_end,
+								  args->ttl_us))
 			{
 				res->outcome = IDEM_OUTCOME_CLAIMED;
 				res->token = token;

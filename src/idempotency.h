@@ -136,13 +136,14 @@ extern void idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
 								   void (*inserted) (void *arg, text *key),
 								   void *arg);
 extern bool idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
-							  TimestampTz created_at, TimestampTz updated_at,
-							  TimestampTz lease_expires_at, int64 ttl_us);
-extern bool idem_store_insert_finished(const IdemKey *k, text *fingerprint,
-									   int64 token, TimestampTz created_at,
-									   TimestampTz now, int64 ttl_us,
-									   IdemStatus status, Datum response,
-									   bool response_isnull);
+							  TimestampTz now, TimestampTz lease_expires_at,
+							  int64 ttl_us);
+extern void idem_store_write_once(const IdemKey *k, text *fingerprint,
+								  int64 token, TimestampTz created_at,
+								  TimestampTz now,
+								  TimestampTz lease_expires_at, int64 ttl_us,
+								  IdemStatus status, Datum response,
+								  bool response_isnull);
 extern bool idem_store_take_over(const IdemKey *k, int64 old_token,
 								 text *fingerprint, bool new_lifetime,
 								 TimestampTz now, TimestampTz lease_expires_at,

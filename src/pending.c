@@ -176,18 +176,36 @@ idem_pending_add(const IdemKey *k, text *fingerprint, int64 token,
 	p->settled_in = InvalidSubTransactionId;
 }
 
+/* A record for the key exists although this transaction holds its lock. */
+static void
+report_lost_claim(const IdemPendingClaim *p)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_TOKEN_MISMATCH),
+			 errmsg("claim of key \"%s\" lost: another transaction stored a record for it",
+					text_to_cstring(p->key)),
+			 errdetail("The record was written without taking the key's lock (directly into the table, or on another node)."),
+			 errhint("This transaction is rolled back; the key's outcome belongs to the other record.")));
+}
+
 /*
  * Write one remembered claim as a record: processing (status
- * IDEM_PROCESSING, response ignored) or finished.  Runs as the user who
- * claimed.  Raises an error if a record for the key exists.
+ * IDEM_PROCESSING, response ignored, the updated_at of its last heartbeat)
+ * or finished now.  Runs as the user who claimed.
+ *
+ * The INSERT has no ON CONFLICT (it skips the speculative insertion's
+ * extra index probe and WAL record): the key lock is held and the key was
+ * read free after taking it, so a conflict means a record written around
+ * the lock.  Its unique violation never reaches the caller: it becomes the
+ * lost-claim error, and the transaction rolls back either way.
  */
 void
 idem_pending_write(IdemPendingClaim *p, IdemStatus status, Datum response,
 				   bool response_isnull, TimestampTz now)
 {
+	MemoryContext caller_context = CurrentMemoryContext;
 	Oid			save_userid;
 	int			save_sec_context;
-	volatile bool written = false;
 	IdemKey		k = {p->tenant_id, p->key};
 
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
@@ -198,29 +216,31 @@ idem_pending_write(IdemPendingClaim *p, IdemStatus status, Datum response,
 	{
 		idem_store_begin_in_schema(p->schema);
 		if (status == IDEM_PROCESSING)
-			written = idem_store_insert(&k, p->fingerprint, p->token,
-										p->created_at, p->updated_at,
-										p->lease_expires_at, p->ttl_us);
+			idem_store_write_once(&k, p->fingerprint, p->token, p->created_at,
+								  p->updated_at, p->lease_expires_at, p->ttl_us,
+								  status, (Datum) 0, true);
 		else
-			written = idem_store_insert_finished(&k, p->fingerprint, p->token,
-												 p->created_at, now, p->ttl_us,
-												 status, response,
-												 response_isnull);
+			idem_store_write_once(&k, p->fingerprint, p->token, p->created_at,
+								  now, p->lease_expires_at, p->ttl_us,
+								  status, response, response_isnull);
 		idem_store_end();
 	}
-	PG_FINALLY();
+	PG_CATCH();
 	{
+		ErrorData  *edata;
+
 		SetUserIdAndSecContext(save_userid, save_sec_context);
+		MemoryContextSwitchTo(caller_context);
+		edata = CopyErrorData();
+		if (edata->sqlerrcode != ERRCODE_UNIQUE_VIOLATION)
+			PG_RE_THROW();
+		/* the transaction is aborting: only the error it reports changes */
+		FlushErrorState();
+		report_lost_claim(p);
 	}
 	PG_END_TRY();
+	SetUserIdAndSecContext(save_userid, save_sec_context);
 
-	if (!written)
-		ereport(ERROR,
-				(errcode(ERRCODE_IDEM_TOKEN_MISMATCH),
-				 errmsg("claim of key \"%s\" lost: another transaction stored a record for it",
-						text_to_cstring(p->key)),
-				 errdetail("The record was written without taking the key's lock (directly into the table, or on another node)."),
-				 errhint("This transaction is rolled back; the key's outcome belongs to the other record.")));
 	idem_pending_settle(p);
 }
 

@@ -32,7 +32,7 @@ typedef enum IdemQuery
 {
 	Q_READ,
 	Q_INSERT,
-	Q_INSERT_FINISHED,
+	Q_WRITE_ONCE,
 	Q_INSERT_MANY,
 	Q_TAKE_OVER,
 	Q_FAIL_STALE,
@@ -73,15 +73,19 @@ static const char *const query_text[NUM_QUERIES] = {
 	[Q_INSERT] =
 	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
 	" created_at, updated_at, ttl, status, fingerprint)"
-	" VALUES ($1, $2, $3, $4, $4, $5, $8, $6, 'processing', $7)"
+	" VALUES ($1, $2, $3, $4, $4, $5, $5, $6, 'processing', $7)"
 	" ON CONFLICT (tenant_id, key) DO NOTHING",
 
-	/* a claim written once, already completed or failed (pending.c) */
-	[Q_INSERT_FINISHED] =
+	/*
+	 * A remembered claim written in its final form (pending.c).  No ON
+	 * CONFLICT: the writer holds the key lock and read after taking it that
+	 * the key is free, so only a record written around the lock can
+	 * conflict, and pending.c turns that error into its own.
+	 */
+	[Q_WRITE_ONCE] =
 	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
 	" created_at, updated_at, ttl, status, fingerprint, response)"
-	" VALUES ($1, $2, $3, $4, NULL, $5, $6, $7, $8, $9, $10)"
-	" ON CONFLICT (tenant_id, key) DO NOTHING",
+	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
 
 	/* $8: a new lifetime (expired record reused) rather than a takeover */
 	[Q_TAKE_OVER] =
@@ -155,14 +159,14 @@ static const char *const query_text[NUM_QUERIES] = {
 	" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
 };
 
-static const Oid query_argtypes[NUM_QUERIES][10] = {
+static const Oid query_argtypes[NUM_QUERIES][11] = {
 	[Q_READ] = {TEXTOID, TEXTOID},
 	[Q_INSERT_MANY] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID,
 	TIMESTAMPTZOID, INTERVALOID, TEXTARRAYOID},
 	[Q_INSERT] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-	INTERVALOID, TEXTOID, TIMESTAMPTZOID},
-	[Q_INSERT_FINISHED] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-	TIMESTAMPTZOID, INTERVALOID, TEXTOID, TEXTOID, JSONBOID},
+	INTERVALOID, TEXTOID},
+	[Q_WRITE_ONCE] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+	TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, TEXTOID, JSONBOID},
 	[Q_TAKE_OVER] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID,
 	TIMESTAMPTZOID, INTERVALOID, BOOLOID},
 	[Q_FAIL_STALE] = {TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID},
@@ -180,8 +184,8 @@ static const Oid query_argtypes[NUM_QUERIES][10] = {
 static const int query_nargs[NUM_QUERIES] = {
 	[Q_READ] = 2,
 	[Q_INSERT_MANY] = 7,
-	[Q_INSERT] = 8,
-	[Q_INSERT_FINISHED] = 10,
+	[Q_INSERT] = 7,
+	[Q_WRITE_ONCE] = 11,
 	[Q_TAKE_OVER] = 8,
 	[Q_FAIL_STALE] = 5,
 	[Q_FINISH] = 6,
@@ -612,54 +616,56 @@ idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
  */
 bool
 idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
-				  TimestampTz created_at, TimestampTz updated_at,
-				  TimestampTz lease_expires_at, int64 ttl_us)
+				  TimestampTz now, TimestampTz lease_expires_at, int64 ttl_us)
 {
-	Datum		values[8];
-	char		nulls[9] = "        ";
+	Datum		values[7];
+	char		nulls[8] = "       ";
 
 	values[0] = PointerGetDatum(k->tenant_id);
 	values[1] = PointerGetDatum(k->key);
 	values[2] = Int64GetDatum(token);
 	values[3] = TimestampTzGetDatum(lease_expires_at);
-	values[4] = TimestampTzGetDatum(created_at);
+	values[4] = TimestampTzGetDatum(now);
 	values[5] = interval_datum(ttl_us);
 	values[6] = PointerGetDatum(fingerprint);
 	nulls[6] = fingerprint ? ' ' : 'n';
-	values[7] = TimestampTzGetDatum(updated_at);
 
 	return store_run(Q_INSERT, values, nulls, false, 0) == 1;
 }
 
 /*
- * Insert the record of a claim that was never written, already settled
- * (pending.c): kept for ttl from now, like idem_store_finish.  Returns
- * false when the key exists.
+ * Write the record of a claim that was remembered rather than written
+ * (pending.c), as it stands: processing until lease_expires_at, or already
+ * completed or failed and kept for ttl from now.  A plain INSERT: a record
+ * that exists raises a unique violation, which the caller must catch.
  */
-bool
-idem_store_insert_finished(const IdemKey *k, text *fingerprint, int64 token,
-						   TimestampTz created_at, TimestampTz now,
-						   int64 ttl_us, IdemStatus status, Datum response,
-						   bool response_isnull)
+void
+idem_store_write_once(const IdemKey *k, text *fingerprint, int64 token,
+					  TimestampTz created_at, TimestampTz now,
+					  TimestampTz lease_expires_at, int64 ttl_us,
+					  IdemStatus status, Datum response, bool response_isnull)
 {
-	Datum		values[10];
-	char		nulls[11] = "          ";
+	Datum		values[11];
+	char		nulls[12] = "           ";
+	bool		processing = status == IDEM_PROCESSING;
 
-	Assert(status != IDEM_PROCESSING);
 	values[0] = PointerGetDatum(k->tenant_id);
 	values[1] = PointerGetDatum(k->key);
 	values[2] = Int64GetDatum(token);
-	values[3] = TimestampTzGetDatum(idem_add_duration(now, ttl_us, "ttl"));
-	values[4] = TimestampTzGetDatum(created_at);
-	values[5] = TimestampTzGetDatum(now);
-	values[6] = interval_datum(ttl_us);
-	values[7] = CStringGetTextDatum(idem_status_name(status));
-	values[8] = PointerGetDatum(fingerprint);
-	nulls[8] = fingerprint ? ' ' : 'n';
-	values[9] = response;
-	nulls[9] = response_isnull ? 'n' : ' ';
+	values[3] = TimestampTzGetDatum(processing ? lease_expires_at :
+									idem_add_duration(now, ttl_us, "ttl"));
+	values[4] = TimestampTzGetDatum(lease_expires_at);
+	nulls[4] = processing ? ' ' : 'n';
+	values[5] = TimestampTzGetDatum(created_at);
+	values[6] = TimestampTzGetDatum(now);
+	values[7] = interval_datum(ttl_us);
+	values[8] = CStringGetTextDatum(idem_status_name(status));
+	values[9] = PointerGetDatum(fingerprint);
+	nulls[9] = fingerprint ? ' ' : 'n';
+	values[10] = response;
+	nulls[10] = response_isnull ? 'n' : ' ';
 
-	return store_run(Q_INSERT_FINISHED, values, nulls, false, 0) == 1;
+	(void) store_run(Q_WRITE_ONCE, values, nulls, false, 0);
 }
 
 /*

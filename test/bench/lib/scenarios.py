@@ -73,10 +73,10 @@ SCENARIOS = [
     # the issue's measure: one client, one batch against 500 calls (latency)
     Scenario("11c", "idem_claim_many of 500 keys in one transaction, one client", "pgbench",
              "11-claim-many.pgbench", ref="11d", round_trips="3", unit="keys/s", per_op=500,
-             clients=1, duration="read"),
+             clients=1, duration="write"),
     Scenario("11d", "500 idem_claim calls in one transaction, one client", "pgbench",
              "11-claim-single.pgbench", ref="11d", round_trips="502", unit="keys/s", per_op=500,
-             clients=1, duration="read"),
+             clients=1, duration="write"),
     # scenario 0: the seed articles' own set-up
     Scenario("0b", "articles' set-up: 50 clients, 50 ms work, no idempotency", "pgbench",
              "0-bare-50ms.pgbench", clients=50, work_ms=50, ref="0b", round_trips="3",
