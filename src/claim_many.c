@@ -10,11 +10,13 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
+#include "utils/resowner.h"
 
 #include "idempotency.h"
 
@@ -180,6 +182,69 @@ text_array(text **items, int n)
  * need more (an expired record to take over, a key repeated in the batch)
  * go through idem_claim_one, exactly as idem_claim would.
  */
+/*
+ * After a batch found an existing key, this many batches go straight to
+ * the speculative INSERT (a consumer replaying its batches replays many).
+ */
+#define IDEM_OPTIMISTIC_BACKOFF	16
+
+static int	optimistic_backoff = 0;
+
+/*
+ * A consumer's batch is mostly new messages, and every key it is about to
+ * insert is locked by this transaction.  So first try one plain INSERT of
+ * them all, in a subtransaction: it skips the speculative insertion's index
+ * probe and extra WAL record per row (about a third of the batch's cost).
+ * If a key has a record after all, the subtransaction rolls back (the rows
+ * it wrote are dead), returns false, and the caller takes the speculative
+ * path, as do the next IDEM_OPTIMISTIC_BACKOFF batches of this backend.
+ */
+static bool
+insert_all_fresh(text *tenant_id, Datum keys, Datum tokens, Datum fps,
+				 TimestampTz now, TimestampTz lease_end, int64 ttl_us,
+				 Batch *batch)
+{
+	MemoryContext caller_context = CurrentMemoryContext;
+	ResourceOwner caller_owner = CurrentResourceOwner;
+	volatile bool inserted = false;
+
+	if (optimistic_backoff > 0)
+	{
+		optimistic_backoff--;
+		return false;
+	}
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(caller_context);
+	PG_TRY();
+	{
+		idem_store_insert_many(tenant_id, keys, tokens, fps, now, lease_end,
+							   ttl_us, false, record_inserted, batch);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(caller_context);
+		CurrentResourceOwner = caller_owner;
+		inserted = true;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(caller_context);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(caller_context);
+		CurrentResourceOwner = caller_owner;
+		if (edata->sqlerrcode != ERRCODE_UNIQUE_VIOLATION)
+			ReThrowError(edata);
+		FreeErrorData(edata);
+		optimistic_backoff = IDEM_OPTIMISTIC_BACKOFF;
+	}
+	PG_END_TRY();
+
+	return inserted;
+}
+
 Datum
 idem_claim_many(PG_FUNCTION_ARGS)
 {
@@ -278,6 +343,8 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	if (nfresh > 0)
 	{
 		Datum		fps;
+		Datum		keys;
+		Datum		tokens;
 		bool	   *fp_isnull = palloc(sizeof(bool) * nfresh);
 		int			dims[1] = {nfresh};
 		int			lbs[1] = {1};
@@ -287,10 +354,13 @@ idem_claim_many(PG_FUNCTION_ARGS)
 		fps = PointerGetDatum(construct_md_array((Datum *) fresh_fps, fp_isnull, 1,
 												 dims, lbs, TEXTOID, -1, false,
 												 TYPALIGN_INT));
-		idem_store_insert_many(tenant_id, text_array(fresh_keys, nfresh),
-							   PointerGetDatum(construct_array(fresh_tokens, nfresh, INT8OID,
-															   8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
-							   fps, now, lease_end, args.ttl_us, record_inserted, &batch);
+		keys = text_array(fresh_keys, nfresh);
+		tokens = PointerGetDatum(construct_array(fresh_tokens, nfresh, INT8OID, 8,
+												 FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+		if (!insert_all_fresh(tenant_id, keys, tokens, fps, now, lease_end,
+							  args.ttl_us, &batch))
+			idem_store_insert_many(tenant_id, keys, tokens, fps, now, lease_end,
+								   args.ttl_us, true, record_inserted, &batch);
 	}
 
 	/*

@@ -34,6 +34,7 @@ typedef enum IdemQuery
 	Q_INSERT,
 	Q_WRITE_ONCE,
 	Q_INSERT_MANY,
+	Q_INSERT_MANY_PLAIN,
 	Q_TAKE_OVER,
 	Q_FAIL_STALE,
 	Q_FINISH,
@@ -55,20 +56,25 @@ typedef enum IdemQuery
 #define EQ " OPERATOR(pg_catalog.=) "
 #define BY_KEY " WHERE tenant_id" EQ "$1 AND key" EQ "$2 "
 
+/* a batch of fresh processing records: keys $2, tokens $3, fingerprints $7 */
+#define INSERT_MANY \
+	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at," \
+	" created_at, updated_at, ttl, status, fingerprint)" \
+	" SELECT $1, u.key, u.token, $4, $4, $5, $5, $6, 'processing', u.fingerprint" \
+	" FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[])," \
+	" pg_catalog.unnest($3::pg_catalog.int8[]), pg_catalog.unnest($7::pg_catalog.text[]))" \
+	" AS u(key, token, fingerprint)"
+
 static const char *const query_text[NUM_QUERIES] = {
 	[Q_READ] =
 	"SELECT status, token, fingerprint, response, expires_at, lease_expires_at,"
 	" created_at, updated_at, xmin FROM %1$s" BY_KEY,
 
 	/* one row per fresh key; RETURNING says which went in */
-	[Q_INSERT_MANY] =
-	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
-	" created_at, updated_at, ttl, status, fingerprint)"
-	" SELECT $1, u.key, u.token, $4, $4, $5, $5, $6, 'processing', u.fingerprint"
-	" FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[]),"
-	" pg_catalog.unnest($3::pg_catalog.int8[]), pg_catalog.unnest($7::pg_catalog.text[]))"
-	" AS u(key, token, fingerprint)"
-	" ON CONFLICT (tenant_id, key) DO NOTHING RETURNING key",
+	[Q_INSERT_MANY] = INSERT_MANY " ON CONFLICT (tenant_id, key) DO NOTHING RETURNING key",
+
+	/* the same without speculative insertion: any existing key is an error */
+	[Q_INSERT_MANY_PLAIN] = INSERT_MANY " RETURNING key",
 
 	[Q_INSERT] =
 	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
@@ -163,6 +169,8 @@ static const Oid query_argtypes[NUM_QUERIES][11] = {
 	[Q_READ] = {TEXTOID, TEXTOID},
 	[Q_INSERT_MANY] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID,
 	TIMESTAMPTZOID, INTERVALOID, TEXTARRAYOID},
+	[Q_INSERT_MANY_PLAIN] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID,
+	TIMESTAMPTZOID, INTERVALOID, TEXTARRAYOID},
 	[Q_INSERT] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
 	INTERVALOID, TEXTOID},
 	[Q_WRITE_ONCE] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
@@ -184,6 +192,7 @@ static const Oid query_argtypes[NUM_QUERIES][11] = {
 static const int query_nargs[NUM_QUERIES] = {
 	[Q_READ] = 2,
 	[Q_INSERT_MANY] = 7,
+	[Q_INSERT_MANY_PLAIN] = 7,
 	[Q_INSERT] = 7,
 	[Q_WRITE_ONCE] = 11,
 	[Q_TAKE_OVER] = 8,
@@ -580,12 +589,15 @@ idem_store_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot)
 /*
  * Insert fresh processing records for a batch of keys (keys text[],
  * tokens bigint[], fingerprints text[] of the same length).  inserted(i) is
- * called with each key that went in; the others exist already.
+ * called with each key that went in; the others exist already.  Without
+ * speculative insertion an existing key raises a unique violation instead
+ * (the caller runs it in a subtransaction).
  */
 void
 idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
 					   Datum fingerprints, TimestampTz now,
 					   TimestampTz lease_expires_at, int64 ttl_us,
+					   bool speculative,
 					   void (*inserted) (void *arg, text *key), void *arg)
 {
 	Datum		values[7];
@@ -598,7 +610,8 @@ idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
 	values[4] = TimestampTzGetDatum(now);
 	values[5] = interval_datum(ttl_us);
 	values[6] = fingerprints;
-	n = store_run(Q_INSERT_MANY, values, "       ", false, 0);
+	n = store_run(speculative ? Q_INSERT_MANY : Q_INSERT_MANY_PLAIN, values,
+				  "       ", false, 0);
 
 	for (uint64 i = 0; i < n; i++)
 	{
