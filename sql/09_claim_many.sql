@@ -40,3 +40,17 @@ SELECT count(*) AS x_rows FROM idempotency_records WHERE key LIKE 'x-%' OR key L
 -- the maximum batch is accepted
 SELECT count(*) FILTER (WHERE outcome = 'claimed') AS claimed
 FROM idem_claim_many('q', (SELECT array_agg('max-' || i) FROM generate_series(1, 1000) i));
+
+-- fresh batches: the first ones still on the speculative path (an earlier
+-- batch here met existing keys, which holds the plain INSERT back for 16
+-- batches), the later ones on the one-statement plain INSERT again
+SELECT count(*) FILTER (WHERE c.outcome = 'claimed') AS claimed, count(*) AS keys
+FROM generate_series(1, 20) g, LATERAL idem_claim_many('q', ARRAY['mixb-' || g, 'mixc-' || g]) c;
+SELECT count(*) AS records FROM idempotency_records WHERE tenant_id = 'q' AND key ~ '^mix[bc]-';
+-- then a batch mixing fresh keys with one that has a record: the plain
+-- INSERT meets the record, its subtransaction rolls back, and every key is
+-- still decided as idem_claim would (no unique violation reaches us)
+SELECT idem_complete('q', 'mix-1', token, '"done"') FROM idem_claim('q', 'mix-1');
+SELECT key, outcome, token IS NOT NULL AS has_token, response
+FROM idem_claim_many('q', ARRAY['mix-0', 'mix-1', 'mix-2']);
+SELECT key, status FROM idempotency_records WHERE tenant_id = 'q' AND key LIKE 'mix-%' ORDER BY key;
