@@ -3,7 +3,9 @@
  *		Module entry point: registration only.
  *
  * Loaded on first use (CREATE EXTENSION, a function call) the library only
- * defines its settings and installs its planner hook (store.c).  Preloaded (shared_preload_libraries) it also
+ * defines its settings and installs its hooks: the planner hook (store.c)
+ * and the executor, utility and transaction hooks that write remembered
+ * claims in time (pending.c).  Preloaded (shared_preload_libraries) it also
  * reserves shared memory for statistics and registers the sweeper worker.
  * Nothing here may fail: the SQL functions must work without preloading.
  */
