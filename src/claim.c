@@ -77,12 +77,7 @@ idem_fresh_token(TimestampTz now)
 static bool
 fingerprint_differs(text *stored, text *given)
 {
-	if (stored == NULL || given == NULL)
-		return false;
-	if (VARSIZE_ANY_EXHDR(stored) != VARSIZE_ANY_EXHDR(given))
-		return true;
-	return memcmp(VARDATA_ANY(stored), VARDATA_ANY(given),
-				  VARSIZE_ANY_EXHDR(stored)) != 0;
+	return stored != NULL && given != NULL && !idem_text_equal(stored, given);
 }
 
 /* Sleep a little while waiting for a committed lease; cancellable. */

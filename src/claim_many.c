@@ -10,13 +10,11 @@
  */
 #include "postgres.h"
 
-#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "funcapi.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
-#include "utils/resowner.h"
 
 #include "idempotency.h"
 
@@ -190,6 +188,30 @@ text_array(text **items, int n)
 
 static int	optimistic_backoff = 0;
 
+/* The INSERT of a batch's locked keys (idem_store_insert_many). */
+typedef struct FreshInsert
+{
+	text	   *tenant_id;
+	Datum		keys;
+	Datum		tokens;
+	Datum		fps;
+	TimestampTz now;
+	TimestampTz lease_end;
+	int64		ttl_us;
+	bool		speculative;	/* ON CONFLICT DO NOTHING, or a plain INSERT */
+	Batch	   *batch;
+} FreshInsert;
+
+static void
+insert_fresh(void *arg)
+{
+	FreshInsert *f = arg;
+
+	idem_store_insert_many(f->tenant_id, f->keys, f->tokens, f->fps, f->now,
+						   f->lease_end, f->ttl_us, f->speculative,
+						   record_inserted, f->batch);
+}
+
 /*
  * A consumer's batch is mostly new messages, and every key it is about to
  * insert is locked by this transaction.  So first try one plain INSERT of
@@ -200,49 +222,21 @@ static int	optimistic_backoff = 0;
  * path, as do the next IDEM_OPTIMISTIC_BACKOFF batches of this backend.
  */
 static bool
-insert_all_fresh(text *tenant_id, Datum keys, Datum tokens, Datum fps,
-				 TimestampTz now, TimestampTz lease_end, int64 ttl_us,
-				 Batch *batch)
+insert_all_fresh(FreshInsert *f)
 {
-	MemoryContext caller_context = CurrentMemoryContext;
-	ResourceOwner caller_owner = CurrentResourceOwner;
-	volatile bool inserted = false;
+	static const int key_exists[] = {ERRCODE_UNIQUE_VIOLATION};
 
 	if (optimistic_backoff > 0)
 	{
 		optimistic_backoff--;
 		return false;
 	}
-
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(caller_context);
-	PG_TRY();
-	{
-		idem_store_insert_many(tenant_id, keys, tokens, fps, now, lease_end,
-							   ttl_us, false, record_inserted, batch);
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(caller_context);
-		CurrentResourceOwner = caller_owner;
-		inserted = true;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(caller_context);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(caller_context);
-		CurrentResourceOwner = caller_owner;
-		if (edata->sqlerrcode != ERRCODE_UNIQUE_VIOLATION)
-			ReThrowError(edata);
-		FreeErrorData(edata);
-		optimistic_backoff = IDEM_OPTIMISTIC_BACKOFF;
-	}
-	PG_END_TRY();
-
-	return inserted;
+	f->speculative = false;
+	if (idem_try_in_subtransaction(insert_fresh, f, key_exists,
+								   lengthof(key_exists)))
+		return true;
+	optimistic_backoff = IDEM_OPTIMISTIC_BACKOFF;
+	return false;
 }
 
 Datum
@@ -342,25 +336,29 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	/* 2. every locked key in one INSERT; RETURNING says which had no record */
 	if (nfresh > 0)
 	{
-		Datum		fps;
-		Datum		keys;
-		Datum		tokens;
+		FreshInsert f;
 		bool	   *fp_isnull = palloc(sizeof(bool) * nfresh);
 		int			dims[1] = {nfresh};
 		int			lbs[1] = {1};
 
 		for (int j = 0; j < nfresh; j++)
 			fp_isnull[j] = fresh_fps[j] == NULL;
-		fps = PointerGetDatum(construct_md_array((Datum *) fresh_fps, fp_isnull, 1,
-												 dims, lbs, TEXTOID, -1, false,
-												 TYPALIGN_INT));
-		keys = text_array(fresh_keys, nfresh);
-		tokens = PointerGetDatum(construct_array(fresh_tokens, nfresh, INT8OID, 8,
-												 FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-		if (!insert_all_fresh(tenant_id, keys, tokens, fps, now, lease_end,
-							  args.ttl_us, &batch))
-			idem_store_insert_many(tenant_id, keys, tokens, fps, now, lease_end,
-								   args.ttl_us, true, record_inserted, &batch);
+		f.tenant_id = tenant_id;
+		f.keys = text_array(fresh_keys, nfresh);
+		f.tokens = PointerGetDatum(construct_array(fresh_tokens, nfresh, INT8OID, 8,
+												   FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+		f.fps = PointerGetDatum(construct_md_array((Datum *) fresh_fps, fp_isnull, 1,
+												   dims, lbs, TEXTOID, -1, false,
+												   TYPALIGN_INT));
+		f.now = now;
+		f.lease_end = lease_end;
+		f.ttl_us = args.ttl_us;
+		f.batch = &batch;
+		if (!insert_all_fresh(&f))
+		{
+			f.speculative = true;
+			insert_fresh(&f);
+		}
 	}
 
 	/*

@@ -9,6 +9,7 @@
  *	 store.c		the only code that talks to idempotency_records (SPI)
  *	 keylock.c		the per-key advisory lock that makes in_progress non-blocking
  *	 pending.c		fresh claims written once, when they settle or before anyone looks
+ *	 subxact.c		one step in a subtransaction, expected errors swallowed
  *	 claim.c		idem_claim
  *	 claim_many.c	idem_claim_many (a consumer's batch in one statement)
  *	 settle.c		idem_complete, idem_release, idem_heartbeat (fenced by token)
@@ -83,6 +84,7 @@ extern Datum idem_arg_jsonb(FunctionCallInfo fcinfo, int argno,
 extern TimestampTz idem_add_duration(TimestampTz at, int64 duration_us,
 									 const char *name);
 extern void idem_check_ttl_floor(int64 ttl_us);
+extern bool idem_text_equal(const text *a, const text *b);
 
 /* ---------- the records table (store.c) ---------- */
 
@@ -194,6 +196,11 @@ extern bool idem_sweep_batch(int batch_size, IdemSweepCursor *cursor,
 							 IdemSweepCounts *counts);
 extern bool idem_sweep_lock(bool session_lock, bool wait);
 extern void idem_sweep_unlock(bool session_lock);
+
+/* ---------- a step in a subtransaction (subxact.c) ---------- */
+
+extern bool idem_try_in_subtransaction(void (*step) (void *arg), void *arg,
+									   const int *codes, int ncodes);
 
 /* ---------- per-key advisory lock (keylock.c) ---------- */
 

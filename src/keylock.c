@@ -63,65 +63,51 @@ wait_timeout_ms(int64 wait_us)
  * a timeout (or a deadlock) ends the wait and the caller reports
  * in_progress.  Only claims that meet a holder and asked to wait get here.
  */
+typedef struct KeylockWait
+{
+	const LOCKTAG *tag;
+	int			timeout_ms;
+} KeylockWait;
+
+/* The wait itself, with lock_timeout set for it alone. */
+static void
+keylock_wait_step(void *arg)
+{
+	KeylockWait *w = arg;
+	int			nestlevel = NewGUCNestLevel();
+	char		value[32];
+
+	snprintf(value, sizeof(value), "%d", w->timeout_ms);
+	(void) set_config_option("lock_timeout", value,
+							 PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	(void) LockAcquire(w->tag, ExclusiveLock, false, false);
+	AtEOXact_GUC(true, nestlevel);
+}
+
 static bool
 keylock_wait(const LOCKTAG *tag, int64 wait_us)
 {
-	MemoryContext caller_context = CurrentMemoryContext;
+	static const int ends_wait[] = {ERRCODE_LOCK_NOT_AVAILABLE,
+	ERRCODE_T_R_DEADLOCK_DETECTED};
+	KeylockWait w = {tag, wait_timeout_ms(wait_us)};
 	ResourceOwner caller_owner = CurrentResourceOwner;
-	const int	timeout_ms = wait_timeout_ms(wait_us);
-	volatile bool acquired = false;
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(caller_context);
+	if (!idem_try_in_subtransaction(keylock_wait_step, &w, ends_wait,
+									lengthof(ends_wait)))
+		return false;
 
-	PG_TRY();
-	{
-		int			nestlevel = NewGUCNestLevel();
-		char		value[32];
-
-		snprintf(value, sizeof(value), "%d", timeout_ms);
-		(void) set_config_option("lock_timeout", value,
-								 PGC_USERSET, PGC_S_SESSION,
-								 GUC_ACTION_SAVE, true, 0, false);
-		(void) LockAcquire(tag, ExclusiveLock, false, false);
-		AtEOXact_GUC(true, nestlevel);
-
-		/*
-		 * Ending the subtransaction hands the lock to the transaction's
-		 * resource owner, not the caller's.  Take it once more as the caller
-		 * (it is ours, so this cannot wait) and drop the transaction's copy,
-		 * so that idem_keylock_release finds it where every other claim
-		 * keeps it.
-		 */
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(caller_context);
-		CurrentResourceOwner = caller_owner;
-		(void) LockAcquire(tag, ExclusiveLock, false, true);
-		CurrentResourceOwner = CurTransactionResourceOwner;
-		LockRelease(tag, ExclusiveLock, false);
-		CurrentResourceOwner = caller_owner;
-		acquired = true;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(caller_context);
-		edata = CopyErrorData();
-		FlushErrorState();
-
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(caller_context);
-		CurrentResourceOwner = caller_owner;
-
-		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE &&
-			edata->sqlerrcode != ERRCODE_T_R_DEADLOCK_DETECTED)
-			ReThrowError(edata);
-		FreeErrorData(edata);
-	}
-	PG_END_TRY();
-
-	return acquired;
+	/*
+	 * Ending the subtransaction handed the lock to the transaction's
+	 * resource owner, not the caller's.  Take it once more as the caller (it
+	 * is ours, so this cannot wait) and drop the transaction's copy, so that
+	 * idem_keylock_release finds it where every other claim keeps it.
+	 */
+	(void) LockAcquire(tag, ExclusiveLock, false, true);
+	CurrentResourceOwner = CurTransactionResourceOwner;
+	LockRelease(tag, ExclusiveLock, false);
+	CurrentResourceOwner = caller_owner;
+	return true;
 }
 
 /*

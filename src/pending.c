@@ -67,13 +67,6 @@ static bool flushing = false;
 static ExecutorStart_hook_type prev_executor_start = NULL;
 static ProcessUtility_hook_type prev_process_utility = NULL;
 
-static bool
-same_text(const text *a, const text *b)
-{
-	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
-		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
-}
-
 static int
 count_unsettled(void)
 {
@@ -131,7 +124,8 @@ idem_pending_find(const IdemKey *k)
 		IdemPendingClaim *p = &pending[i];
 
 		if (p->settled_in == InvalidSubTransactionId &&
-			same_text(p->key, k->key) && same_text(p->tenant_id, k->tenant_id))
+			idem_text_equal(p->key, k->key) &&
+			idem_text_equal(p->tenant_id, k->tenant_id))
 			return p;
 	}
 	return NULL;
@@ -255,7 +249,7 @@ flush_all(void)
 	PG_TRY();
 	{
 		for (int i = pending_used - 1; i >= 0; i--)
-			if (i < pending_used && pending[i].settled_in == InvalidSubTransactionId)
+			if (pending[i].settled_in == InvalidSubTransactionId)
 				idem_pending_write(&pending[i], IDEM_PROCESSING, (Datum) 0, true, 0);
 	}
 	PG_FINALLY();

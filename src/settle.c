@@ -125,19 +125,19 @@ idem_complete(PG_FUNCTION_ARGS)
 	response = idem_arg_jsonb(fcinfo, 3, "response", &response_isnull);
 	check_durability("idem_complete");
 
-	idem_store_begin(fcinfo);
 	pending = pending_claim(&k, token, "complete");
 	if (pending != NULL)
 		idem_pending_write(pending, IDEM_COMPLETED, response, response_isnull,
 						   GetCurrentTimestamp());
 	else
 	{
+		idem_store_begin(fcinfo);
 		idem_keylock_hold(&k);
 		if (!idem_store_finish(&k, token, IDEM_COMPLETED, response,
 							   response_isnull, GetCurrentTimestamp()))
 			report_refused(&k, token, "complete");
+		idem_store_end();
 	}
-	idem_store_end();
 	idem_stats_add(IDEM_STAT_COMPLETES, 1);
 
 	PG_RETURN_VOID();
@@ -164,7 +164,6 @@ idem_release(PG_FUNCTION_ARGS)
 	if (!failure_isnull)
 		check_durability("idem_release");
 
-	idem_store_begin(fcinfo);
 	pending = pending_claim(&k, token, "release");
 	if (pending != NULL)
 	{
@@ -177,6 +176,7 @@ idem_release(PG_FUNCTION_ARGS)
 	}
 	else
 	{
+		idem_store_begin(fcinfo);
 		idem_keylock_hold(&k);
 		if (failure_isnull)
 			done = idem_store_delete_claim(&k, token);
@@ -185,8 +185,8 @@ idem_release(PG_FUNCTION_ARGS)
 									 GetCurrentTimestamp());
 		if (!done)
 			report_refused(&k, token, "release");
+		idem_store_end();
 	}
-	idem_store_end();
 	idem_stats_add(IDEM_STAT_RELEASES, 1);
 
 	PG_RETURN_VOID();
@@ -215,7 +215,6 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	now = GetCurrentTimestamp();
 	lease_end = idem_add_duration(now, lease_us, "lease");
 
-	idem_store_begin(fcinfo);
 	pending = pending_claim(&k, token, "heartbeat");
 	if (pending != NULL && GetCurrentSubTransactionId() == TopSubTransactionId)
 	{
@@ -227,11 +226,12 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 		/* a subtransaction could roll the new lease back: write the claim */
 		if (pending != NULL)
 			idem_pending_flush();
+		idem_store_begin(fcinfo);
 		idem_keylock_hold(&k);
 		if (!idem_store_extend_lease(&k, token, now, lease_end))
 			report_refused(&k, token, "heartbeat");
+		idem_store_end();
 	}
-	idem_store_end();
 	idem_stats_add(IDEM_STAT_HEARTBEATS, 1);
 
 	PG_RETURN_TIMESTAMPTZ(lease_end);

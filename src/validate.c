@@ -182,3 +182,11 @@ idem_check_ttl_floor(int64 ttl_us)
 						   idem_min_ttl_s),
 				 errhint("Ask for a longer ttl, or have an administrator lower idempotency.min_ttl.")));
 }
+
+/* Byte-for-byte equality of two texts (keys, tenants, fingerprints). */
+bool
+idem_text_equal(const text *a, const text *b)
+{
+	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}

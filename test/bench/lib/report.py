@@ -112,8 +112,9 @@ def targets(summary, runs, sweep, storage):
         status = verdict(r >= goal)
         if stretch is not None:
             status += f" (stretch {stretch}x: {verdict(r >= stretch)})"
-        rows.append((label, f"{r:.3f}x ({fmt(on(a)['rate'])} vs {fmt(on(b)['rate'])} ops/s; "
-                            f"CPU {fmt(on(a)['cpu_us_op'])} vs {fmt(on(b)['cpu_us_op'])} µs/op)",
+        rows.append((label, f"{r:.3f}x ({fmt(on(a)['rate'])} vs {fmt(on(b)['rate'])} "
+                            f"{BY_ID[a].unit}; CPU {fmt(on(a)['cpu_us_op'])} vs "
+                            f"{fmt(on(b)['cpu_us_op'])} µs/op)",
                      status))
 
     vs("2", "1b", 1.0, 1.1, "2 >= 1.0x 1b, the lean hand-written SQL")

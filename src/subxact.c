@@ -1,0 +1,64 @@
+/*
+ * subxact.c
+ *		Run one step in a subtransaction, and treat the errors the caller
+ *		expects from it as "it did not happen".
+ *
+ * Two places need this: a claim's bounded wait for a key lock (keylock.c:
+ * lock_timeout or a deadlock ends the wait) and a batch's first, plain
+ * INSERT (claim_many.c: a key that has a record after all).  Any other
+ * error is raised again, unchanged.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
+
+#include "idempotency.h"
+
+/*
+ * Run step(arg) in a subtransaction.  Returns true when it finished (its
+ * work is now part of the caller's transaction), false when it raised one
+ * of the ncodes SQLSTATEs in codes (its work is rolled back).  Either way
+ * the caller's memory context and resource owner are current again.
+ */
+bool
+idem_try_in_subtransaction(void (*step) (void *arg), void *arg,
+						   const int *codes, int ncodes)
+{
+	MemoryContext caller_context = CurrentMemoryContext;
+	ResourceOwner caller_owner = CurrentResourceOwner;
+	volatile bool finished = false;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(caller_context);
+	PG_TRY();
+	{
+		step(arg);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(caller_context);
+		CurrentResourceOwner = caller_owner;
+		finished = true;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+		bool		expected = false;
+
+		MemoryContextSwitchTo(caller_context);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(caller_context);
+		CurrentResourceOwner = caller_owner;
+
+		for (int i = 0; i < ncodes; i++)
+			expected |= edata->sqlerrcode == codes[i];
+		if (!expected)
+			ReThrowError(edata);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+
+	return finished;
+}
