@@ -23,6 +23,7 @@ int			idem_max_response_size = 1024 * 1024;
 int			idem_sweep_interval_ms = 10 * 1000;
 int			idem_sweep_batch_size = 1000;
 bool		idem_track_stats = true;
+bool		idem_defer_writes = true;
 int			idem_durability_check = IDEM_DURABILITY_WARNING;
 
 /*
@@ -141,6 +142,18 @@ idem_define_settings(void)
 							 &idem_track_stats,
 							 true,
 							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
+
+	/*
+	 * USERSET: writing every claim at once is always correct, only slower,
+	 * so any session may choose it (see docs/held-claims.md).
+	 */
+	DefineCustomBoolVariable("idempotency.defer_writes",
+							 "Hold a fresh claim in memory and write its record once, when it settles.",
+							 "Off writes every claim's record at once.",
+							 &idem_defer_writes,
+							 true,
+							 PGC_USERSET, 0,
 							 NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idempotency");

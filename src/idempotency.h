@@ -67,6 +67,7 @@ extern int	idem_max_response_size;
 extern int	idem_sweep_interval_ms;
 extern int	idem_sweep_batch_size;
 extern bool idem_track_stats;
+extern bool idem_defer_writes;
 extern int	idem_durability_check;
 
 extern void idem_define_settings(void);

@@ -107,7 +107,8 @@ idem_pending_settle(IdemPendingClaim *p)
 bool
 idem_pending_allowed(Oid table)
 {
-	if (IsolationUsesXactSnapshot() || XactReadOnly || IsInParallelMode() ||
+	if (!idem_defer_writes ||
+		IsolationUsesXactSnapshot() || XactReadOnly || IsInParallelMode() ||
 		GetCurrentTransactionNestLevel() != 1)
 		return false;
 	if (pg_class_aclcheck(table, GetUserId(), ACL_INSERT) != ACLCHECK_OK)
