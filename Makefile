@@ -8,9 +8,10 @@ EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" $(EXTENSION).co
 MODULE_big = idempotency
 OBJS       = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c)))
 
-# The install script is assembled from one file per concern, in name order.
-SCRIPT_PARTS = $(sort $(wildcard src/sql/*.sql))
-DATA_built   = $(EXTENSION)--$(EXTVERSION).sql
+# Install scripts: idempotency--1.0.sql exactly as 1.0 shipped (never edit
+# it) and one update script per later version.  There is no full script for
+# the current version: CREATE EXTENSION installs 1.0 and runs the updates.
+DATA = $(EXTENSION)--1.0.sql $(EXTENSION)--1.0--1.1.sql
 
 PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 
@@ -25,14 +26,11 @@ ISOLATION_OPTS = --inputdir=test/isolation --temp-instance=tmp_check_iso --temp-
 TAP_TESTS   = 1
 PROVE_TESTS = $(sort $(wildcard test/t/*.pl))
 
-EXTRA_CLEAN = $(DATA_built) tmp_check tmp_check_iso output_iso results regression.diffs regression.out
+EXTRA_CLEAN = tmp_check tmp_check_iso output_iso results regression.diffs regression.out
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
-
-$(DATA_built): $(SCRIPT_PARTS) $(EXTENSION).control
-	cat $(SCRIPT_PARTS) > $@
 
 # The TAP suite alone (installcheck runs it after the regression and
 # isolation suites): make prove_installcheck [PROVE_TESTS=test/t/040_x.pl]

@@ -1,5 +1,5 @@
 -- The table has no CHECK constraints (they cost a quarter of a claim's CPU,
--- see src/sql/00_records.sql); the functions keep its invariants.  After a
+-- see idempotency--1.0.sql); the functions keep its invariants.  After a
 -- workload that reaches every state, every row must satisfy them.
 TRUNCATE idempotency_records;
 SELECT idem_complete('inv', 'done', token, '{}') FROM idem_claim('inv', 'done');
