@@ -35,3 +35,33 @@ SET idempotency.track_stats = off;
 SELECT outcome FROM idem_claim('st', 'untracked');
 RESET idempotency.track_stats;
 SELECT claims FROM idem_stats WHERE datname = current_database();
+
+-- A reader sees only its own database's row, unless it has the privileges of
+-- pg_read_all_stats (superusers have them).
+\set regdb :DBNAME
+CREATE DATABASE idem_stats_other;
+\c idem_stats_other
+CREATE EXTENSION idempotency;
+SELECT outcome FROM idem_claim('st', 'elsewhere');
+\c :regdb
+CREATE ROLE idem_stats_reader;
+GRANT EXECUTE ON FUNCTION idem_stats_read() TO idem_stats_reader;
+GRANT SELECT ON idem_stats TO idem_stats_reader;
+SELECT count(*) FILTER (WHERE datname = current_database()) AS this_database,
+       count(*) FILTER (WHERE datname = 'idem_stats_other') AS other
+FROM idem_stats;                                                   -- superuser: both
+SET ROLE idem_stats_reader;
+SELECT count(*) FILTER (WHERE datname = current_database()) AS this_database,
+       count(*) FILTER (WHERE datname <> current_database()) AS others
+FROM idem_stats;                                                   -- 1, 0
+SELECT count(*) AS others FROM idem_stats_read() WHERE datid <> (
+    SELECT oid FROM pg_database WHERE datname = current_database());  -- the function too
+RESET ROLE;
+GRANT pg_read_all_stats TO idem_stats_reader;
+SET ROLE idem_stats_reader;
+SELECT count(*) FILTER (WHERE datname = 'idem_stats_other') AS other FROM idem_stats;  -- 1
+RESET ROLE;
+DROP DATABASE idem_stats_other;
+REVOKE ALL ON FUNCTION idem_stats_read() FROM idem_stats_reader;
+REVOKE ALL ON idem_stats FROM idem_stats_reader;
+DROP ROLE idem_stats_reader;

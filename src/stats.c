@@ -7,12 +7,16 @@
  * clear error.  Counters are atomics, so they are exact under concurrency
  * and cost one uncontended atomic add per event; a slot per database is
  * found once per backend and cached.  Counters count calls as they return,
- * whether or not the caller's transaction later commits.
+ * whether or not the caller's transaction later commits.  A reader sees
+ * only its own database's row unless it has the privileges of
+ * pg_read_all_stats, as with pg_stat_activity: database names and activity
+ * of other databases are not everyone's business.
  */
 #include "postgres.h"
 
 #include "access/htup_details.h"
 #include "access/xact.h"
+#include "catalog/pg_authid.h"
 #include "commands/dbcommands.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -20,6 +24,7 @@
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
@@ -259,14 +264,19 @@ require_shared(void)
 
 /*
  * idem_stats_read() RETURNS SETOF record: one row per database counted
- * since the server started.  Wrapped by the view idem_stats.
+ * since the server started, or only the current database's row for a
+ * caller without the privileges of pg_read_all_stats.  Wrapped by the view
+ * idem_stats (a function in a view runs as the querying role, so the check
+ * applies to readers of the view too).
  */
 Datum
 idem_stats_read(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	bool		all_databases;
 
 	require_shared();
+	all_databases = has_privs_of_role(GetUserId(), ROLE_PG_READ_ALL_STATS);
 	reclaim_dropped_database_slots();
 	InitMaterializedSRF(fcinfo, 0);
 
@@ -282,7 +292,7 @@ idem_stats_read(PG_FUNCTION_ARGS)
 		LWLockAcquire(shared->lock, LW_SHARED);
 		dboid = slot->dboid;
 		LWLockRelease(shared->lock);
-		if (!OidIsValid(dboid))
+		if (!OidIsValid(dboid) || (!all_databases && dboid != MyDatabaseId))
 			continue;
 
 		values[col++] = ObjectIdGetDatum(dboid);
