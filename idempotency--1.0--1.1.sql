@@ -24,4 +24,206 @@
 -- ===========================================================================
 -- Section 1: tenant isolation and operator indexes survive pg_dump (issue 12)
 -- ===========================================================================
--- (filled in by the upgrade/backup work of issue 12)
+-- pg_dump does not dump what a user adds to an extension's table: ENABLE
+-- ROW LEVEL SECURITY, policies and indexes on idempotency_records vanish in
+-- a dump and restore, and with them tenant isolation.  So the extension
+-- keeps these choices itself, in two small tables marked with
+-- pg_extension_config_dump (their rows are dumped and restored), and a
+-- trigger on each applies a row to idempotency_records whenever it is
+-- written -- by idem_set_tenant_isolation / idem_create_index, or by the
+-- COPY of a restore, which runs after CREATE EXTENSION re-created the table.
+-- One code path applies the choice both times.
+
+-- At most one row: present = tenant isolation on, reading tenant_id from the
+-- named setting.
+CREATE TABLE @extschema@.idem_tenant_isolation (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    setting   text    NOT NULL
+);
+COMMENT ON TABLE @extschema@.idem_tenant_isolation IS
+    'tenant isolation of idempotency_records (one row = on); write it with idem_set_tenant_isolation()';
+
+-- Operator indexes on idempotency_records that pg_dump must keep.
+CREATE TABLE @extschema@.idem_extra_indexes (
+    index_name text   PRIMARY KEY,
+    columns    text[] NOT NULL
+);
+COMMENT ON TABLE @extschema@.idem_extra_indexes IS
+    'extra btree indexes on idempotency_records, re-created on restore; write it with idem_create_index()/idem_drop_index()';
+
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_tenant_isolation', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_extra_indexes', '');
+REVOKE ALL ON TABLE @extschema@.idem_tenant_isolation, @extschema@.idem_extra_indexes FROM PUBLIC;
+
+-- Applies idem_tenant_isolation to idempotency_records (same schema: the
+-- trigger's).  The policy reads the setting with missing_ok, so a session
+-- that set no tenant sees and writes nothing.  Turning isolation off drops
+-- the policy, and disables row-level security only when no other policy
+-- is left on the table (a user's own policies keep it on).
+CREATE FUNCTION @extschema@.idem_apply_tenant_isolation()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    tbl text := pg_catalog.format('%I.idempotency_records', TG_TABLE_SCHEMA);
+BEGIN
+    IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
+        IF EXISTS (SELECT FROM pg_catalog.pg_policy p
+                   WHERE p.polrelid OPERATOR(pg_catalog.=) tbl::pg_catalog.regclass
+                     AND p.polname OPERATOR(pg_catalog.=) 'idem_tenant_isolation') THEN
+            EXECUTE pg_catalog.format('DROP POLICY idem_tenant_isolation ON %s', tbl);
+        END IF;
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_policy p
+                       WHERE p.polrelid OPERATOR(pg_catalog.=) tbl::pg_catalog.regclass) THEN
+            EXECUTE pg_catalog.format('ALTER TABLE %s DISABLE ROW LEVEL SECURITY', tbl);
+        END IF;
+        RETURN OLD;
+    END IF;
+    -- a custom setting: two or more dot-separated identifiers
+    IF NEW.setting IS NULL OR NOT NEW.setting OPERATOR(pg_catalog.~)
+            '^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)+$' THEN
+        RAISE EXCEPTION 'invalid setting name for tenant isolation: "%"', NEW.setting
+            USING ERRCODE = '22023',
+                  HINT = 'Name a custom setting such as app.tenant.';
+    END IF;
+    EXECUTE pg_catalog.format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', tbl);
+    IF EXISTS (SELECT FROM pg_catalog.pg_policy p
+               WHERE p.polrelid OPERATOR(pg_catalog.=) tbl::pg_catalog.regclass
+                 AND p.polname OPERATOR(pg_catalog.=) 'idem_tenant_isolation') THEN
+        EXECUTE pg_catalog.format('DROP POLICY idem_tenant_isolation ON %s', tbl);
+    END IF;
+    EXECUTE pg_catalog.format(
+        'CREATE POLICY idem_tenant_isolation ON %s '
+        'USING (tenant_id OPERATOR(pg_catalog.=) pg_catalog.current_setting(%L, true))',
+        tbl, NEW.setting);
+    RETURN NEW;
+END
+$fn$;
+
+-- Applies idem_extra_indexes: creates the btree index a new row names (or
+-- adopts an index of that name already on idempotency_records with exactly
+-- those columns, so a large table's index can be built first with CREATE
+-- INDEX CONCURRENTLY), drops it when the row is deleted.
+CREATE FUNCTION @extschema@.idem_apply_extra_index()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    tbl      pg_catalog.regclass := pg_catalog.format('%I.idempotency_records', TG_TABLE_SCHEMA)::pg_catalog.regclass;
+    existing pg_catalog.oid;
+    wanted   pg_catalog.int2[];
+    have     pg_catalog.int2[];
+BEGIN
+    IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
+        EXECUTE pg_catalog.format('DROP INDEX IF EXISTS %I.%I', TG_TABLE_SCHEMA, OLD.index_name);
+        RETURN OLD;
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
+        RAISE EXCEPTION 'an extra index cannot be changed in place'
+            USING ERRCODE = '0A000',
+                  HINT = 'Drop it with idem_drop_index() and create it again with idem_create_index().';
+    END IF;
+    IF NEW.index_name IS NULL OR pg_catalog.octet_length(NEW.index_name) OPERATOR(pg_catalog.>) 63
+            OR pg_catalog.octet_length(NEW.index_name) OPERATOR(pg_catalog.=) 0 THEN
+        RAISE EXCEPTION 'invalid index name: "%"', NEW.index_name
+            USING ERRCODE = '42602', DETAIL = 'An index name has 1 to 63 bytes.';
+    END IF;
+    IF pg_catalog.cardinality(NEW.columns) OPERATOR(pg_catalog.=) 0
+            OR pg_catalog.array_position(NEW.columns, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'an extra index needs at least one column and no null column name'
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT pg_catalog.array_agg(a.attnum ORDER BY c.ord) INTO wanted
+    FROM pg_catalog.unnest(NEW.columns) WITH ORDINALITY AS c(name, ord)
+    JOIN pg_catalog.pg_attribute a
+      ON a.attrelid OPERATOR(pg_catalog.=) tbl AND a.attname OPERATOR(pg_catalog.=) c.name
+     AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped;
+    IF wanted IS NULL OR pg_catalog.cardinality(wanted) OPERATOR(pg_catalog.<>) pg_catalog.cardinality(NEW.columns) THEN
+        RAISE EXCEPTION 'idempotency_records has no column named in %', NEW.columns
+            USING ERRCODE = '42703';
+    END IF;
+    SELECT c.oid INTO existing FROM pg_catalog.pg_class c
+    WHERE c.relname OPERATOR(pg_catalog.=) NEW.index_name
+      AND c.relnamespace OPERATOR(pg_catalog.=) TG_TABLE_SCHEMA::pg_catalog.regnamespace;
+    IF existing IS NULL THEN
+        EXECUTE pg_catalog.format('CREATE INDEX %I ON %s (%s)', NEW.index_name, tbl,
+            (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(c.name), ', ' ORDER BY c.ord)
+             FROM pg_catalog.unnest(NEW.columns) WITH ORDINALITY AS c(name, ord)));
+        RETURN NEW;
+    END IF;
+    SELECT i.indkey::pg_catalog.int2[] INTO have FROM pg_catalog.pg_index i
+    JOIN pg_catalog.pg_class r ON r.oid OPERATOR(pg_catalog.=) i.indexrelid
+    JOIN pg_catalog.pg_am am ON am.oid OPERATOR(pg_catalog.=) r.relam
+    WHERE i.indexrelid OPERATOR(pg_catalog.=) existing AND i.indrelid OPERATOR(pg_catalog.=) tbl
+      AND am.amname OPERATOR(pg_catalog.=) 'btree' AND i.indisvalid
+      AND i.indpred IS NULL AND i.indexprs IS NULL;
+    IF have IS NULL OR have OPERATOR(pg_catalog.<>) wanted THEN
+        RAISE EXCEPTION 'relation "%" already exists and is not a valid btree index on idempotency_records %',
+            NEW.index_name, NEW.columns
+            USING ERRCODE = '42P07';
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+
+CREATE TRIGGER idem_apply_tenant_isolation
+    AFTER INSERT OR UPDATE OR DELETE ON @extschema@.idem_tenant_isolation
+    FOR EACH ROW EXECUTE FUNCTION @extschema@.idem_apply_tenant_isolation();
+CREATE TRIGGER idem_apply_extra_index
+    AFTER INSERT OR UPDATE OR DELETE ON @extschema@.idem_extra_indexes
+    FOR EACH ROW EXECUTE FUNCTION @extschema@.idem_apply_extra_index();
+
+-- The API.  SQL-standard bodies are parsed here, with the names bound now,
+-- so no search_path can redirect them later.  They run with the caller's
+-- rights: only the table's owner (or a role granted the config tables and
+-- ownership) can switch isolation or add indexes.
+CREATE FUNCTION @extschema@.idem_set_tenant_isolation(
+    enabled boolean,
+    setting text DEFAULT 'app.tenant')
+RETURNS boolean
+LANGUAGE sql VOLATILE STRICT
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    DELETE FROM @extschema@.idem_tenant_isolation WHERE NOT idem_set_tenant_isolation.enabled;
+    INSERT INTO @extschema@.idem_tenant_isolation AS t (singleton, setting)
+        SELECT true, idem_set_tenant_isolation.setting WHERE idem_set_tenant_isolation.enabled
+        ON CONFLICT (singleton) DO UPDATE SET setting = excluded.setting
+        WHERE t.setting OPERATOR(pg_catalog.<>) excluded.setting;
+    SELECT idem_set_tenant_isolation.enabled;
+END;
+
+CREATE FUNCTION @extschema@.idem_create_index(
+    columns    text[],
+    index_name text DEFAULT NULL)
+RETURNS text
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    INSERT INTO @extschema@.idem_extra_indexes (index_name, columns)
+        VALUES (COALESCE(idem_create_index.index_name,
+                    pg_catalog.concat('idempotency_records_',
+                        pg_catalog.array_to_string(idem_create_index.columns, '_'), '_idx')),
+                idem_create_index.columns)
+        RETURNING index_name;
+END;
+
+CREATE FUNCTION @extschema@.idem_drop_index(index_name text)
+RETURNS boolean
+LANGUAGE sql VOLATILE STRICT
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    WITH gone AS (
+        DELETE FROM @extschema@.idem_extra_indexes x
+        WHERE x.index_name OPERATOR(pg_catalog.=) idem_drop_index.index_name
+        RETURNING 1)
+    SELECT EXISTS (SELECT FROM gone);
+END;
+
+REVOKE ALL ON FUNCTION
+    @extschema@.idem_apply_tenant_isolation(),
+    @extschema@.idem_apply_extra_index(),
+    @extschema@.idem_set_tenant_isolation(boolean, text),
+    @extschema@.idem_create_index(text[], text),
+    @extschema@.idem_drop_index(text)
+FROM PUBLIC;
