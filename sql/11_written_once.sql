@@ -6,28 +6,30 @@
 SET idempotency.durability_check = off;
 
 -- rows written to the table since w_mark(), from this backend's counters
--- (pg_stat_xact_user_tables may still hold earlier transactions' counts)
+-- (pg_stat_xact_user_tables may still hold earlier transactions' counts).
+-- Views, not functions: a statement calling a user function could read
+-- the table, so it would make held claims be written first.
 CREATE TEMP TABLE w_base (ins bigint, upd bigint, del bigint);
-CREATE FUNCTION w_counts(OUT ins bigint, OUT upd bigint, OUT del bigint) LANGUAGE sql AS $$
-  SELECT coalesce(sum(n_tup_ins), 0), coalesce(sum(n_tup_upd), 0), coalesce(sum(n_tup_del), 0)
-  FROM pg_stat_xact_user_tables WHERE relname = 'idempotency_records'
-$$;
+CREATE VIEW w_counts AS
+  SELECT coalesce(sum(n_tup_ins), 0) AS ins, coalesce(sum(n_tup_upd), 0) AS upd,
+         coalesce(sum(n_tup_del), 0) AS del
+  FROM pg_stat_xact_user_tables WHERE relname = 'idempotency_records';
 CREATE FUNCTION w_mark() RETURNS void LANGUAGE sql AS $$
-  DELETE FROM w_base; INSERT INTO w_base SELECT * FROM w_counts();
+  DELETE FROM w_base; INSERT INTO w_base SELECT * FROM w_counts;
 $$;
-CREATE FUNCTION w_writes() RETURNS text LANGUAGE sql AS $$
+CREATE VIEW w_writes AS
   SELECT format('%s inserted, %s updated, %s deleted', c.ins - b.ins, c.upd - b.upd, c.del - b.del)
-  FROM w_counts() c, w_base b
-$$;
+         AS w_writes
+  FROM w_counts c, w_base b;
 
 -- claim + complete in one transaction: one INSERT, no UPDATE
 
 BEGIN;
 SELECT w_mark();
 SELECT token AS t FROM idem_claim('w1', 'once') \gset
-SELECT w_writes();
+SELECT * FROM w_writes;
 SELECT idem_complete('w1', 'once', :t, '{"ok": 1}');
-SELECT w_writes();
+SELECT * FROM w_writes;
 COMMIT;
 SELECT status, token = :t AS same_token, response, lease_expires_at IS NULL AS no_lease,
        expires_at > now() + interval '23 hours' AS kept_for_ttl
@@ -40,7 +42,7 @@ SELECT w_mark();
 SELECT token AS t FROM idem_claim('w1', 'seen', lease => '10 min') \gset
 SELECT status, token = :t AS same_token, lease_expires_at = expires_at AS lease_is_expiry
   FROM idempotency_records WHERE tenant_id = 'w1' AND key = 'seen';
-SELECT w_writes();
+SELECT * FROM w_writes;
 SELECT status FROM idem_lookup('w1', 'seen');
 COMMIT;
 
@@ -83,7 +85,7 @@ BEGIN;
 SELECT w_mark();
 SELECT token AS t FROM idem_claim('w1', 'beat', lease => '1 min') \gset
 SELECT idem_heartbeat('w1', 'beat', :t, '2 hours') > now() + interval '1 hour' AS extended;
-SELECT w_writes();
+SELECT * FROM w_writes;
 COMMIT;
 SELECT status, lease_expires_at > now() + interval '1 hour' AS extended
   FROM idempotency_records WHERE tenant_id = 'w1' AND key = 'beat';
@@ -93,11 +95,11 @@ BEGIN;
 SELECT w_mark();
 SELECT token AS t FROM idem_claim('w1', 'rel') \gset
 SELECT idem_release('w1', 'rel', :t);
-SELECT w_writes();
+SELECT * FROM w_writes;
 SELECT outcome FROM idem_claim('w1', 'rel');
 SELECT token AS t FROM idem_claim('w1', 'relf') \gset
 SELECT idem_release('w1', 'relf', :t, '{"error": "declined"}');
-SELECT w_writes();
+SELECT * FROM w_writes;
 COMMIT;
 SELECT key, status, response FROM idempotency_records
  WHERE tenant_id = 'w1' AND key IN ('rel', 'relf') ORDER BY key;
@@ -108,7 +110,7 @@ SELECT w_mark();
 SELECT token AS t FROM idem_claim('w1', 'sp') \gset
 SAVEPOINT a;
 SELECT idem_complete('w1', 'sp', :t, '"inner"');
-SELECT w_writes();
+SELECT * FROM w_writes;
 ROLLBACK TO a;
 SAVEPOINT b;
 SELECT idem_release('w1', 'sp', :t);
@@ -137,7 +139,7 @@ BEGIN;
 SELECT w_mark();
 SAVEPOINT a;
 SELECT outcome FROM idem_claim('w1', 'inner');
-SELECT w_writes();
+SELECT * FROM w_writes;
 ROLLBACK TO a;
 SELECT outcome FROM idem_claim('w1', 'inner');
 ROLLBACK;
@@ -146,7 +148,7 @@ ROLLBACK;
 BEGIN ISOLATION LEVEL REPEATABLE READ;
 SELECT w_mark();
 SELECT outcome FROM idem_claim('w1', 'rr');
-SELECT w_writes();
+SELECT * FROM w_writes;
 ROLLBACK;
 
 -- more claims than are kept unwritten: every one still commits
@@ -167,7 +169,7 @@ COMMIT;
 CREATE EXTENSION idempotency;
 SELECT count(*) FROM idempotency_records;
 
-DROP FUNCTION w_writes();
+DROP VIEW w_writes;
 DROP FUNCTION w_mark();
-DROP FUNCTION w_counts();
+DROP VIEW w_counts;
 DROP FUNCTION w_status(text);

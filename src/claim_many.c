@@ -309,7 +309,7 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	fresh_tokens = palloc(sizeof(Datum) * Max(nkeys, 1));
 
 	/* keys this transaction claimed one by one are written first */
-	idem_pending_flush();
+	idem_pending_write_all(NULL, false);
 	idem_store_begin(fcinfo);
 
 	/*

@@ -3,9 +3,9 @@
  *		Module entry point: registration only.
  *
  * Loaded on first use (CREATE EXTENSION, a function call) the library only
- * defines its settings and installs its hooks: the planner hook (store.c)
- * and the executor, utility and transaction hooks that write remembered
- * claims in time (pending.c).  Preloaded (shared_preload_libraries) it also
+ * defines its settings and installs its hooks: the planner hook (store.c),
+ * the transaction callbacks of held claims (pending.c), and the planner,
+ * executor and utility hooks that write them in time (readers.c).  Preloaded (shared_preload_libraries) it also
  * reserves shared memory for statistics and registers the sweeper worker.
  * Nothing here may fail: the SQL functions must work without preloading.
  */
@@ -25,6 +25,7 @@ _PG_init(void)
 	idem_define_settings();
 	idem_store_init();
 	idem_pending_init();
+	idem_readers_init();
 
 	if (!process_shared_preload_libraries_in_progress)
 		return;

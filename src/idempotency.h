@@ -8,7 +8,8 @@
  *	 validate.c		argument checks shared by every SQL function
  *	 store.c		the only code that talks to idempotency_records (SPI)
  *	 keylock.c		the per-key advisory lock that makes in_progress non-blocking
- *	 pending.c		fresh claims written once, when they settle or before anyone looks
+ *	 pending.c		fresh claims held in memory and written once, when they settle
+ *	 readers.c		which statements could see a held claim; writing before them
  *	 subxact.c		one step in a subtransaction, expected errors swallowed
  *	 claim.c		idem_claim
  *	 claim_many.c	idem_claim_many (a consumer's batch in one statement)
@@ -25,6 +26,7 @@
 
 #include "datatype/timestamp.h"
 #include "fmgr.h"
+#include "utils/snapshot.h"
 #include "utils/timestamp.h"
 
 /* ---------- SQLSTATEs of our own (class ID, documented in README) ---------- */
@@ -243,8 +245,15 @@ extern void idem_pending_add(const IdemKey *k, text *fingerprint, int64 token,
 extern void idem_pending_write(IdemPendingClaim *p, IdemStatus status,
 							   Datum response, bool response_isnull,
 							   TimestampTz now);
+extern void idem_pending_write_lease(IdemPendingClaim *p, TimestampTz now,
+									 TimestampTz lease_expires_at);
 extern void idem_pending_settle(IdemPendingClaim *p);
-extern void idem_pending_flush(void);
+extern void idem_pending_write_all(Snapshot snapshot, bool advance_active);
+
+/* ---------- statements that could see a held claim (readers.c) ---------- */
+
+extern void idem_readers_init(void);
+extern bool idem_readers_allow_holding(void);
 
 /* ---------- claiming (claim.c) ---------- */
 

@@ -32,7 +32,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 
 	InitMaterializedSRF(fcinfo, 0);
 
-	idem_pending_flush();
+	idem_pending_write_all(NULL, false);
 	idem_store_begin(fcinfo);
 	if (idem_store_read(&k, &rec, false))
 	{
@@ -73,7 +73,7 @@ idem_forget(PG_FUNCTION_ARGS)
 	k.tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
 	k.key = idem_arg_identifier(fcinfo, 1, "key", true);
 
-	idem_pending_flush();
+	idem_pending_write_all(NULL, false);
 	idem_store_begin(fcinfo);
 	idem_keylock_hold(&k);
 	removed = idem_store_forget(&k);

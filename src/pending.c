@@ -1,71 +1,61 @@
 /*
  * pending.c
- *		Claims whose record is written once, at the end, rather than twice.
+ *		Fresh claims held in memory and written once, when they settle.
  *
- * In the usual pattern (claim, business writes, complete, COMMIT in one
- * transaction) the processing row a claim inserts is never seen by anyone
- * but its own transaction: other transactions learn that the key is taken
- * from the key lock (keylock.c), not from the uncommitted row.  So a fresh
- * claim at the top level of a READ COMMITTED transaction only takes the key
- * lock and remembers the claim here; idem_complete (or idem_release with a
+ * In the usual pattern (BEGIN, claim, business writes, complete, COMMIT)
+ * the processing row a claim inserts is never seen by anyone but its own
+ * transaction: other transactions learn that the key is taken from the key
+ * lock (keylock.c), not from the uncommitted row.  So a fresh claim may only
+ * take the key lock and be held here; idem_complete (or idem_release with a
  * failure) then inserts the finished record in one INSERT, instead of an
  * INSERT followed by an UPDATE that writes a second row version and new
- * index entries.
+ * index entries.  idem_release without a failure writes nothing.
  *
- * Nothing else may be able to tell the difference, so a remembered claim is
- * written as its processing row before anything could look for it:
- *	- before COMMIT or PREPARE TRANSACTION (the two-phase pattern);
- *	- before any statement of this transaction that reads or writes the
- *	  table (ExecutorStart), and before utility statements (COPY, TRUNCATE,
- *	  DROP EXTENSION, ...);
- *	- before our own functions that scan or change other keys (lookup,
- *	  forget, heartbeat in a subtransaction, batch claims, sweep).
- * The primary key still decides who wins: each write is INSERT ... ON
- * CONFLICT DO NOTHING, and if a record appeared anyway (one written around
- * the functions, or by a node that does not share our locks) the write
- * raises an error, so the transaction that did the work rolls back rather
- * than commit a second outcome.
+ * The rule is that no statement can tell: what any statement sees equals
+ * what it would see had the claim been written at once.  readers.c decides
+ * when held claims must be written (before a statement that could look at
+ * the table, before COMMIT) and when a claim may be held at all.  A claim
+ * is also written at once wherever a later write could change what the
+ * caller sees: idempotency.defer_writes off, REPEATABLE READ or
+ * SERIALIZABLE, a subtransaction, a read-only transaction, a user who may
+ * not INSERT into the table, row-level security, triggers or rules on the
+ * table (they must fire when the claim is made), and past IDEM_MAX_PENDING
+ * held claims.
  *
- * Claims are remembered only where writing them later cannot change what
- * the caller sees: READ COMMITTED, no subtransaction, a read-write
- * transaction, a user who may INSERT into the table and no row-level
- * security on it (so privilege and policy errors still come from the
- * claim).  Everywhere else the claim writes its row at once.
+ * Held claims and their copies of tenant, key and fingerprint live in a
+ * context of their own, freed claim by claim as they settle.
  */
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "executor/executor.h"
 #include "miscadmin.h"
-#include "nodes/parsenodes.h"
-#include "tcop/utility.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
+#include "utils/rel.h"
 #include "utils/rls.h"
 #include "utils/snapmgr.h"
 
 #include "idempotency.h"
 
 /*
- * More unwritten claims than this in one transaction are written out
- * before the next is remembered: lookups stay a short scan, and a
- * transaction claiming many keys one by one loses nothing but the saving.
+ * At most this many claims are held at once; further ones are written at
+ * once.  A lookup among held claims stays a short scan, and a transaction
+ * claiming many keys one by one loses nothing but the saving.
  */
 #define IDEM_MAX_PENDING	32
 
 /*
- * The claims remembered by this transaction, in TopTransactionContext.
- * An entry whose record was written or dropped inside a subtransaction
- * stays (settled_in) until that subtransaction ends: if it rolls back, the
- * claim is unwritten again.
+ * The claims held by this transaction.  An entry whose record was written
+ * or dropped inside a subtransaction stays (settled_in) until that
+ * subtransaction ends: if it rolls back, the claim is held again.  Room
+ * beyond IDEM_MAX_PENDING is only ever needed for such entries.
  */
+static MemoryContext pending_context = NULL;
 static IdemPendingClaim *pending = NULL;
+static int	pending_allocated = 0;
 static int	pending_used = 0;
-static bool flushing = false;
-
-static ExecutorStart_hook_type prev_executor_start = NULL;
-static ProcessUtility_hook_type prev_process_utility = NULL;
+static bool writing_all = false;
 
 static int
 count_unsettled(void)
@@ -78,10 +68,16 @@ count_unsettled(void)
 	return n;
 }
 
-/* Drop entry i (order does not matter). */
+/* Drop entry i and its copies (order does not matter). */
 static void
 remove_entry(int i)
 {
+	IdemPendingClaim *p = &pending[i];
+
+	pfree(p->tenant_id);
+	pfree(p->key);
+	if (p->fingerprint != NULL)
+		pfree(p->fingerprint);
 	pending[i] = pending[--pending_used];
 }
 
@@ -101,19 +97,36 @@ idem_pending_settle(IdemPendingClaim *p)
 		p->settled_in = sub;
 }
 
+/* Triggers or rules on the table must fire when the claim is made. */
+static bool
+table_has_triggers_or_rules(Oid table)
+{
+	Relation	rel = RelationIdGetRelation(table);
+	bool		has;
+
+	if (!RelationIsValid(rel))
+		return true;
+	has = rel->rd_rel->relhastriggers || rel->rd_rel->relhasrules;
+	RelationClose(rel);
+	return has;
+}
+
 /*
- * May a fresh claim of table be remembered instead of written now?
+ * May a fresh claim of table be held instead of written now?
  */
 bool
 idem_pending_allowed(Oid table)
 {
-	if (!idem_defer_writes ||
+	if (!idem_defer_writes || !idem_readers_allow_holding() ||
 		IsolationUsesXactSnapshot() || XactReadOnly || IsInParallelMode() ||
-		GetCurrentTransactionNestLevel() != 1)
+		GetCurrentTransactionNestLevel() != 1 ||
+		count_unsettled() >= IDEM_MAX_PENDING)
 		return false;
 	if (pg_class_aclcheck(table, GetUserId(), ACL_INSERT) != ACLCHECK_OK)
 		return false;
-	return check_enable_rls(table, InvalidOid, true) == RLS_NONE;
+	if (check_enable_rls(table, InvalidOid, true) != RLS_NONE)
+		return false;
+	return !table_has_triggers_or_rules(table);
 }
 
 /* The unwritten claim of k in this transaction, or NULL. */
@@ -143,17 +156,21 @@ idem_pending_add(const IdemKey *k, text *fingerprint, int64 token,
 	MemoryContext old;
 	IdemPendingClaim *p;
 
-	if (count_unsettled() >= IDEM_MAX_PENDING)
-		idem_pending_flush();
-
-	old = MemoryContextSwitchTo(TopTransactionContext);
-	if (pending == NULL)
-		pending = palloc(sizeof(IdemPendingClaim) * IDEM_MAX_PENDING * 2);
-	else if (pending_used >= IDEM_MAX_PENDING * 2)
+	if (pending_context == NULL)
 	{
-		/* only entries settled in open subtransactions can pile up */
-		pending = repalloc(pending, sizeof(IdemPendingClaim) * pending_used * 2);
+		pending_context = AllocSetContextCreate(TopTransactionContext,
+												"idempotency held claims",
+												ALLOCSET_SMALL_SIZES);
+		pending_allocated = IDEM_MAX_PENDING;
+		pending = MemoryContextAlloc(pending_context,
+									 sizeof(IdemPendingClaim) * pending_allocated);
 	}
+	else if (pending_used >= pending_allocated)
+	{
+		pending_allocated *= 2;
+		pending = repalloc(pending, sizeof(IdemPendingClaim) * pending_allocated);
+	}
+	old = MemoryContextSwitchTo(pending_context);
 	p = &pending[pending_used++];
 	p->tenant_id = (text *) PG_DETOAST_DATUM_COPY(PointerGetDatum(k->tenant_id));
 	p->key = (text *) PG_DETOAST_DATUM_COPY(PointerGetDatum(k->key));
@@ -184,9 +201,9 @@ report_lost_claim(const IdemPendingClaim *p)
 }
 
 /*
- * Write one remembered claim as a record: processing (status
- * IDEM_PROCESSING, response ignored, the updated_at of its last heartbeat)
- * or finished now.  Runs as the user who claimed.
+ * Write one held claim as a record: processing (status IDEM_PROCESSING,
+ * response ignored, the lease and updated_at of its last heartbeat) or
+ * finished now.  Runs as the user who claimed.
  *
  * The INSERT has no ON CONFLICT (it skips the speculative insertion's
  * extra index probe and WAL record): the key lock is held and the key was
@@ -239,104 +256,72 @@ idem_pending_write(IdemPendingClaim *p, IdemStatus status, Datum response,
 	idem_pending_settle(p);
 }
 
-/* Write every remembered claim as its processing row. */
-static void
-flush_all(void)
+/*
+ * Write one held claim as processing with a new lease, in a subtransaction
+ * (a heartbeat there): if the subtransaction rolls back, so does the write,
+ * and the claim is held again with its old lease.
+ */
+void
+idem_pending_write_lease(IdemPendingClaim *p, TimestampTz now,
+						 TimestampTz lease_expires_at)
 {
-	if (flushing)
-		return;
+	TimestampTz old_lease = p->lease_expires_at;
+	TimestampTz old_updated = p->updated_at;
 
-	flushing = true;
+	p->lease_expires_at = lease_expires_at;
+	p->updated_at = now;
 	PG_TRY();
 	{
-		for (int i = pending_used - 1; i >= 0; i--)
-			if (pending[i].settled_in == InvalidSubTransactionId)
-				idem_pending_write(&pending[i], IDEM_PROCESSING, (Datum) 0, true, 0);
+		idem_pending_write(p, IDEM_PROCESSING, (Datum) 0, true, now);
 	}
 	PG_FINALLY();
 	{
-		flushing = false;
+		p->lease_expires_at = old_lease;
+		p->updated_at = old_updated;
 	}
 	PG_END_TRY();
 }
 
 /*
- * Write the remembered claims before a snapshot taken earlier looks at the
- * table, and let it see them, exactly as if the claims had been written by
- * the earlier commands that made them: the snapshot of the statement about
- * to start (if any), and the active one, which the running statement or a
- * read-only statement of the running function uses.
+ * Write every held claim as its processing row, before a statement that
+ * could look at the table (readers.c) or COMMIT.  snapshot, if any, is the
+ * starting statement's own snapshot, not used yet: it is advanced past the
+ * writes, as is the active snapshot when advance_active says it belongs to
+ * no running statement.  Exactly as if the claims had been written before.
  */
-static void
-flush_for_snapshot(Snapshot snapshot)
+void
+idem_pending_write_all(Snapshot snapshot, bool advance_active)
 {
-	if (flushing || count_unsettled() == 0)
+	volatile bool pushed = false;
+
+	if (writing_all || count_unsettled() == 0)
 		return;
-	flush_all();
+
+	writing_all = true;
+	PG_TRY();
+	{
+		if (!ActiveSnapshotSet())
+		{
+			PushActiveSnapshot(GetTransactionSnapshot());
+			pushed = true;
+		}
+		for (int i = pending_used - 1; i >= 0; i--)
+			if (pending[i].settled_in == InvalidSubTransactionId)
+				idem_pending_write(&pending[i], IDEM_PROCESSING, (Datum) 0, true, 0);
+		if (pushed)
+			PopActiveSnapshot();
+	}
+	PG_FINALLY();
+	{
+		writing_all = false;
+	}
+	PG_END_TRY();
+
 	CommandCounterIncrement();
 	if (snapshot != NULL)
 		snapshot->curcid = GetCurrentCommandId(false);
-	if (ActiveSnapshotSet())
+	if (advance_active && ActiveSnapshotSet())
 		GetActiveSnapshot()->curcid = GetCurrentCommandId(false);
-}
-
-/*
- * Write every remembered claim now: for our functions that look at other
- * keys or at the whole table.
- */
-void
-idem_pending_flush(void)
-{
-	flush_for_snapshot(NULL);
-}
-
-static bool
-plan_uses_table(PlannedStmt *stmt)
-{
-	ListCell   *lc;
-
-	foreach(lc, stmt->rtable)
-	{
-		RangeTblEntry *rte = lfirst_node(RangeTblEntry, lc);
-
-		if (rte->rtekind == RTE_RELATION && idem_store_is_table(rte->relid))
-			return true;
-	}
-	return false;
-}
-
-static void
-pending_executor_start(QueryDesc *queryDesc, int eflags)
-{
-	if (pending_used > 0 && !idem_store_running() &&
-		plan_uses_table(queryDesc->plannedstmt))
-		flush_for_snapshot(queryDesc->snapshot);
-
-	if (prev_executor_start)
-		prev_executor_start(queryDesc, eflags);
-	else
-		standard_ExecutorStart(queryDesc, eflags);
-}
-
-static void
-pending_process_utility(PlannedStmt *pstmt, const char *queryString,
-						bool readOnlyTree, ProcessUtilityContext context,
-						ParamListInfo params, QueryEnvironment *queryEnv,
-						DestReceiver *dest, QueryCompletion *qc)
-{
-	Node	   *stmt = pstmt->utilityStmt;
-
-	/* transaction control and settings cannot look at the table */
-	if (pending_used > 0 && !IsA(stmt, TransactionStmt) &&
-		!IsA(stmt, VariableSetStmt) && !IsA(stmt, VariableShowStmt))
-		flush_for_snapshot(NULL);
-
-	if (prev_process_utility)
-		prev_process_utility(pstmt, queryString, readOnlyTree, context,
-							 params, queryEnv, dest, qc);
-	else
-		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
-								params, queryEnv, dest, qc);
 }
 
 static void
@@ -346,13 +331,8 @@ pending_xact_callback(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_PRE_COMMIT:
 		case XACT_EVENT_PRE_PREPARE:
-			if (count_unsettled() > 0)
-			{
-				/* no statement is running: give the writes a snapshot */
-				PushActiveSnapshot(GetTransactionSnapshot());
-				flush_all();
-				PopActiveSnapshot();
-			}
+			/* COMMIT wrote them already (readers.c); this is a safety net */
+			idem_pending_write_all(NULL, false);
 			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_ABORT:
@@ -360,9 +340,11 @@ pending_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PARALLEL_ABORT:
 			/* the memory goes with TopTransactionContext */
+			pending_context = NULL;
 			pending = NULL;
+			pending_allocated = 0;
 			pending_used = 0;
-			flushing = false;
+			writing_all = false;
 			break;
 		default:
 			break;
@@ -392,15 +374,11 @@ pending_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 }
 
 /*
- * Install the hooks and callbacks.  Called from _PG_init.
+ * Register the transaction callbacks.  Called from _PG_init.
  */
 void
 idem_pending_init(void)
 {
-	prev_executor_start = ExecutorStart_hook;
-	ExecutorStart_hook = pending_executor_start;
-	prev_process_utility = ProcessUtility_hook;
-	ProcessUtility_hook = pending_process_utility;
 	RegisterXactCallback(pending_xact_callback, NULL);
 	RegisterSubXactCallback(pending_subxact_callback, NULL);
 }

@@ -221,11 +221,13 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 		pending->lease_expires_at = lease_end;
 		pending->updated_at = now;
 	}
-	else
+	else if (pending != NULL)
 	{
 		/* a subtransaction could roll the new lease back: write the claim */
-		if (pending != NULL)
-			idem_pending_flush();
+		idem_pending_write_lease(pending, now, lease_end);
+	}
+	else
+	{
 		idem_store_begin(fcinfo);
 		idem_keylock_hold(&k);
 		if (!idem_store_extend_lease(&k, token, now, lease_end))

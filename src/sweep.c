@@ -134,7 +134,7 @@ idem_sweep(PG_FUNCTION_ARGS)
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "idem_sweep must return a composite type");
 
-	idem_pending_flush();
+	idem_pending_write_all(NULL, false);
 	idem_store_begin(fcinfo);
 	(void) idem_sweep_lock(false, true);
 	idem_sweep_cursor_init(&cursor, true);

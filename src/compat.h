@@ -1,0 +1,22 @@
+/*
+ * compat.h
+ *		The differences between the PostgreSQL versions the extension
+ *		supports (15, 17 and 18), in one place.
+ */
+#ifndef IDEM_COMPAT_H
+#define IDEM_COMPAT_H
+
+#include "executor/executor.h"
+
+/* PostgreSQL 18 dropped ExecutorRun's execute_once argument. */
+#if PG_VERSION_NUM >= 180000
+#define IDEM_EXECUTOR_RUN_PARAMS \
+	QueryDesc *queryDesc, ScanDirection direction, uint64 count
+#define IDEM_EXECUTOR_RUN_ARGS queryDesc, direction, count
+#else
+#define IDEM_EXECUTOR_RUN_PARAMS \
+	QueryDesc *queryDesc, ScanDirection direction, uint64 count, bool execute_once
+#define IDEM_EXECUTOR_RUN_ARGS queryDesc, direction, count, execute_once
+#endif
+
+#endif							/* IDEM_COMPAT_H */
