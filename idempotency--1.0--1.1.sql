@@ -114,7 +114,8 @@ DECLARE
     tbl      pg_catalog.regclass := pg_catalog.format('%I.idempotency_records', TG_TABLE_SCHEMA)::pg_catalog.regclass;
     existing pg_catalog.oid;
     wanted   pg_catalog.int2[];
-    have     pg_catalog.int2[];
+    cols     text;
+    def      text;
 BEGIN
     IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
         EXECUTE pg_catalog.format('DROP INDEX IF EXISTS %I.%I', TG_TABLE_SCHEMA, OLD.index_name);
@@ -143,25 +144,22 @@ BEGIN
         RAISE EXCEPTION 'idempotency_records has no column named in %', NEW.columns
             USING ERRCODE = '42703';
     END IF;
+    SELECT pg_catalog.string_agg(pg_catalog.quote_ident(c.name), ', ' ORDER BY c.ord) INTO cols
+    FROM pg_catalog.unnest(NEW.columns) WITH ORDINALITY AS c(name, ord);
+    -- exactly what a restore will build again, in pg_get_indexdef's words
+    def := pg_catalog.format('CREATE INDEX %I ON %I.idempotency_records USING btree (%s)',
+                             NEW.index_name, TG_TABLE_SCHEMA, cols);
     SELECT c.oid INTO existing FROM pg_catalog.pg_class c
     WHERE c.relname OPERATOR(pg_catalog.=) NEW.index_name
       AND c.relnamespace OPERATOR(pg_catalog.=) TG_TABLE_SCHEMA::pg_catalog.regnamespace;
     IF existing IS NULL THEN
-        EXECUTE pg_catalog.format('CREATE INDEX %I ON %s (%s)', NEW.index_name, tbl,
-            (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(c.name), ', ' ORDER BY c.ord)
-             FROM pg_catalog.unnest(NEW.columns) WITH ORDINALITY AS c(name, ord)));
-        RETURN NEW;
-    END IF;
-    SELECT i.indkey::pg_catalog.int2[] INTO have FROM pg_catalog.pg_index i
-    JOIN pg_catalog.pg_class r ON r.oid OPERATOR(pg_catalog.=) i.indexrelid
-    JOIN pg_catalog.pg_am am ON am.oid OPERATOR(pg_catalog.=) r.relam
-    WHERE i.indexrelid OPERATOR(pg_catalog.=) existing AND i.indrelid OPERATOR(pg_catalog.=) tbl
-      AND am.amname OPERATOR(pg_catalog.=) 'btree' AND i.indisvalid
-      AND i.indpred IS NULL AND i.indexprs IS NULL;
-    IF have IS NULL OR have OPERATOR(pg_catalog.<>) wanted THEN
-        RAISE EXCEPTION 'relation "%" already exists and is not a valid btree index on idempotency_records %',
-            NEW.index_name, NEW.columns
-            USING ERRCODE = '42P07';
+        EXECUTE def;
+    ELSIF NOT EXISTS (SELECT FROM pg_catalog.pg_index i
+                      WHERE i.indexrelid OPERATOR(pg_catalog.=) existing AND i.indisvalid
+                        AND pg_catalog.pg_get_indexdef(i.indexrelid) OPERATOR(pg_catalog.=) def) THEN
+        RAISE EXCEPTION 'relation "%" already exists and is not a valid index "%"', NEW.index_name, def
+            USING ERRCODE = '42P07',
+                  HINT = 'An index is adopted only when it is exactly the plain btree index a restore would build.';
     END IF;
     RETURN NEW;
 END
@@ -227,3 +225,24 @@ REVOKE ALL ON FUNCTION
     @extschema@.idem_create_index(text[], text),
     @extschema@.idem_drop_index(text)
 FROM PUBLIC;
+
+-- ===========================================================================
+-- Section 2: tokens that never go backwards (issue 10, lead)
+-- ===========================================================================
+-- A durable high-water mark for fencing tokens (src/tokens.c): every token
+-- handed out is at most this sequence's value, which is WAL-logged, so after
+-- a crash, a restart, a clock stepped back or a standby's promotion new
+-- tokens start above every earlier one.  Only the C code moves it (as the
+-- extension's owner); it starts above every token already stored and above
+-- the clock in microseconds since 2000-01-01, as tokens did in 1.0.  pg_dump
+-- keeps its value.
+CREATE SEQUENCE @extschema@.idempotency_tokens AS bigint MINVALUE 1 NO CYCLE;
+SELECT pg_catalog.setval('@extschema@.idempotency_tokens'::pg_catalog.regclass,
+                         pg_catalog.max(s.t))
+  FROM (SELECT pg_catalog.max(token) AS t FROM @extschema@.idempotency_records
+        UNION ALL
+        SELECT pg_catalog.int8((pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())
+                                OPERATOR(pg_catalog.-) 946684800::pg_catalog.float8)
+                               OPERATOR(pg_catalog.*) 1000000::pg_catalog.float8)) AS s;
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.idempotency_tokens', '');
+REVOKE ALL ON SEQUENCE @extschema@.idempotency_tokens FROM PUBLIC;
