@@ -51,9 +51,13 @@ $node->safe_psql('postgres', q{
 		FOR EACH STATEMENT EXECUTE FUNCTION promote_me();
 });
 add_expired('trap');
+# PostgreSQL 16 reworded the refusal (the rest moved to its DETAIL)
+my $superuser_refusal = $node->pg_version >= 16
+  ? 'permission denied to alter role'
+  : 'must be superuser to alter superuser roles or change superuser attribute';
 ok( $node->poll_query_until(
-		'postgres', q{
-		SELECT last_sweep_error = 'must be superuser to alter superuser roles or change superuser attribute'
+		'postgres', qq{
+		SELECT last_sweep_error = '$superuser_refusal'
 		FROM idem_stats WHERE datname = current_database()}),
 	"the trigger runs with the owner's rights and fails");
 is($node->safe_psql('postgres', q{SELECT rolsuper FROM pg_roles WHERE rolname = 'app'}),

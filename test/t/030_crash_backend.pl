@@ -27,6 +27,8 @@ restart_after_crash = on
 lc_messages = 'C'
 });
 $node->start;
+# PostgreSQL 18's postmaster names the process type in the crash log line
+my $crashed_process = $node->pg_version >= 18 ? 'client backend' : 'server process';
 $node->safe_psql(
 	'postgres', q{
 CREATE EXTENSION idempotency;
@@ -66,7 +68,7 @@ for my $i (1 .. $rounds)
 		$log_offset);
 	$crashes++
 	  if slurp_file($node->logfile, $log_offset) =~
-	  /server process \(PID $pid\) was terminated by signal 9/;
+	  /$crashed_process \(PID $pid\) was terminated by signal 9/;
 	eval { $holder->quit };
 
 	# one psql call: what survived, then the first claim after recovery
