@@ -55,24 +55,6 @@ idem_outcome_name(IdemOutcome outcome)
 	return outcome_names[outcome];
 }
 
-/*
- * Fresh records take the clock in microseconds as their first token: it
- * only grows, so a key released or swept and claimed again gets a larger
- * token than any it had (a takeover adds 1, and takeovers are at least a
- * lease apart).  Within a backend it is forced to increase strictly.
- */
-int64
-idem_fresh_token(TimestampTz now)
-{
-	static int64 last_token = 0;
-	int64		token = Max((int64) now, 1);
-
-	if (token <= last_token)
-		token = last_token + 1;
-	last_token = token;
-	return token;
-}
-
 /* A different non-NULL fingerprint on both sides. */
 static bool
 fingerprint_differs(text *stored, text *given)
@@ -265,7 +247,7 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 
 		if (!found)
 		{
-			int64		token = idem_fresh_token(now);
+			int64		token = idem_next_token(now);
 			TimestampTz lease_end = idem_add_duration(now, args->lease_us, "lease");
 
 			if (defer)
@@ -303,12 +285,13 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 		{
 			bool		new_lifetime = rec.status != IDEM_PROCESSING;
 			TimestampTz lease_end = idem_add_duration(now, args->lease_us, "lease");
+			int64		token = idem_next_token(now);
 
-			if (idem_store_take_over(k, rec.token, args->fingerprint, new_lifetime,
-									 now, lease_end, args->ttl_us))
+			if (idem_store_take_over(k, rec.token, token, args->fingerprint,
+									 new_lifetime, now, lease_end, args->ttl_us))
 			{
 				res->outcome = IDEM_OUTCOME_CLAIMED;
-				res->token = rec.token + 1;
+				res->token = token;
 				res->token_isnull = false;
 				res->expires_at = lease_end;
 				res->expires_at_isnull = false;

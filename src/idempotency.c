@@ -5,8 +5,9 @@
  * Loaded on first use (CREATE EXTENSION, a function call) the library only
  * defines its settings and installs its hooks: the planner hook (store.c),
  * the transaction callbacks of held claims (pending.c), and the planner,
- * executor and utility hooks that write them in time (readers.c).  Preloaded (shared_preload_libraries) it also
- * reserves shared memory for statistics and registers the sweeper worker.
+ * executor and utility hooks that write them in time (readers.c).
+ * Preloaded (shared_preload_libraries) it also reserves shared memory for
+ * statistics and the last tokens, and registers the sweeper worker.
  * Nothing here may fail: the SQL functions must work without preloading.
  */
 #include "postgres.h"
@@ -31,5 +32,6 @@ _PG_init(void)
 		return;
 
 	idem_stats_request_shmem();
+	idem_tokens_request_shmem();
 	idem_worker_register();
 }

@@ -8,6 +8,7 @@
  *	 validate.c		argument checks shared by every SQL function
  *	 store.c		the only code that talks to idempotency_records (SPI)
  *	 keylock.c		the per-key advisory lock that makes in_progress non-blocking
+ *	 tokens.c		fencing tokens that never go backwards
  *	 pending.c		fresh claims held in memory and written once, when they settle
  *	 readers.c		which statements could see a held claim; writing before them
  *	 subxact.c		one step in a subtransaction, expected errors swallowed
@@ -130,6 +131,7 @@ extern void idem_store_begin_in_schema(Oid nsp);
 extern void idem_store_end(void);
 extern Oid	idem_store_table(void);
 extern Oid	idem_store_schema(void);
+extern Oid	idem_store_token_sequence(void);
 extern bool idem_store_is_table(Oid relid);
 extern bool idem_store_running(void);
 
@@ -151,9 +153,9 @@ extern void idem_store_write_once(const IdemKey *k, text *fingerprint,
 								  IdemStatus status, Datum response,
 								  bool response_isnull);
 extern bool idem_store_take_over(const IdemKey *k, int64 old_token,
-								 text *fingerprint, bool new_lifetime,
-								 TimestampTz now, TimestampTz lease_expires_at,
-								 int64 ttl_us);
+								 int64 new_token, text *fingerprint,
+								 bool new_lifetime, TimestampTz now,
+								 TimestampTz lease_expires_at, int64 ttl_us);
 extern bool idem_store_fail_stale(const IdemKey *k, int64 old_token,
 								  TimestampTz now, IdemRecord *rec);
 extern bool idem_store_finish(const IdemKey *k, int64 token, IdemStatus status,
@@ -294,10 +296,15 @@ extern void idem_claim_one(const IdemKey *k, const IdemClaimArgs *args,
 						   IdemClaimResult *res);
 extern bool idem_claim_decide(const IdemRecord *rec, const IdemClaimArgs *args,
 							  TimestampTz now, IdemClaimResult *res);
-extern int64 idem_fresh_token(TimestampTz now);
 extern const char *idem_outcome_name(IdemOutcome outcome);
 extern void idem_claim_result_columns(const IdemClaimResult *res,
 									  Datum *values, bool *nulls);
+
+/* ---------- fencing tokens (tokens.c) ---------- */
+
+extern void idem_tokens_request_shmem(void);
+extern int64 idem_next_tokens(TimestampTz now, int n);
+extern int64 idem_next_token(TimestampTz now);
 
 /* ---------- statistics in shared memory (stats.c) ---------- */
 

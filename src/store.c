@@ -95,7 +95,7 @@ static const char *const query_text[NUM_QUERIES] = {
 
 	/* $8: a new lifetime (expired record reused) rather than a takeover */
 	[Q_TAKE_OVER] =
-	"UPDATE %1$s SET status = 'processing', token = token OPERATOR(pg_catalog.+) 1,"
+	"UPDATE %1$s SET status = 'processing', token = $9,"
 	" fingerprint = CASE WHEN $8 THEN $4 ELSE COALESCE($4, fingerprint) END,"
 	" created_at = CASE WHEN $8 THEN $5 ELSE created_at END,"
 	" response = NULL, lease_expires_at = $6, expires_at = $6, ttl = $7, updated_at = $5"
@@ -176,7 +176,7 @@ static const Oid query_argtypes[NUM_QUERIES][11] = {
 	[Q_WRITE_ONCE] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
 	TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, TEXTOID, JSONBOID},
 	[Q_TAKE_OVER] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID,
-	TIMESTAMPTZOID, INTERVALOID, BOOLOID},
+	TIMESTAMPTZOID, INTERVALOID, BOOLOID, INT8OID},
 	[Q_FAIL_STALE] = {TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID},
 	[Q_FINISH] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID},
 	[Q_DELETE_CLAIM] = {TEXTOID, TEXTOID, INT8OID},
@@ -195,7 +195,7 @@ static const int query_nargs[NUM_QUERIES] = {
 	[Q_INSERT_MANY_PLAIN] = 7,
 	[Q_INSERT] = 7,
 	[Q_WRITE_ONCE] = 11,
-	[Q_TAKE_OVER] = 8,
+	[Q_TAKE_OVER] = 9,
 	[Q_FAIL_STALE] = 5,
 	[Q_FINISH] = 6,
 	[Q_DELETE_CLAIM] = 3,
@@ -407,6 +407,17 @@ Oid
 idem_store_schema(void)
 {
 	return cached_schema;
+}
+
+/*
+ * The token high-water sequence (tokens.c), InvalidOid while the 1.0 SQL
+ * objects are installed.  Looked up every time (a syscache probe), so that
+ * ALTER EXTENSION idempotency UPDATE takes effect in running sessions.
+ */
+Oid
+idem_store_token_sequence(void)
+{
+	return get_relname_relid("idempotency_tokens", cached_schema);
 }
 
 /* Is relid the records table this backend works with? */
@@ -682,17 +693,17 @@ idem_store_write_once(const IdemKey *k, text *fingerprint, int64 token,
 }
 
 /*
- * Give an expired record (stale claim, or retention over) to a new claim:
- * token + 1, processing, new lease.  Fails (returns false) if the record
- * changed since it was read.
+ * Give an expired record (stale claim, or retention over) to a new claim
+ * with token new_token: processing, new lease.  Fails (returns false) if
+ * the record changed since it was read.
  */
 bool
-idem_store_take_over(const IdemKey *k, int64 old_token, text *fingerprint,
-					 bool new_lifetime, TimestampTz now,
+idem_store_take_over(const IdemKey *k, int64 old_token, int64 new_token,
+					 text *fingerprint, bool new_lifetime, TimestampTz now,
 					 TimestampTz lease_expires_at, int64 ttl_us)
 {
-	Datum		values[8];
-	char		nulls[9] = "        ";
+	Datum		values[9];
+	char		nulls[10] = "         ";
 
 	values[0] = PointerGetDatum(k->tenant_id);
 	values[1] = PointerGetDatum(k->key);
@@ -703,6 +714,7 @@ idem_store_take_over(const IdemKey *k, int64 old_token, text *fingerprint,
 	values[5] = TimestampTzGetDatum(lease_expires_at);
 	values[6] = interval_datum(ttl_us);
 	values[7] = BoolGetDatum(new_lifetime);
+	values[8] = Int64GetDatum(new_token);
 
 	return store_run(Q_TAKE_OVER, values, nulls, false, 0) == 1;
 }

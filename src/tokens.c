@@ -1,0 +1,340 @@
+/*
+ * tokens.c
+ *		Fencing tokens that never go backwards.
+ *
+ * A token is handed to every claim that wins a key (fresh, or taken over),
+ * and idem_complete/release/heartbeat are accepted only with the key's
+ * current token.  So a new holder's token must be greater than any token an
+ * earlier holder of the key could still present, also after the key's
+ * record was released or swept, after a crash or restart, when the clock
+ * steps backwards, and on a promoted standby.
+ *
+ * The promise, per database: every token is greater than every token
+ * handed out before it.  A token is the clock in microseconds since
+ * 2000-01-01 when that is larger than the last token, and the last token
+ * plus one otherwise.  The last token is kept in shared memory (one slot
+ * per database), and a high-water mark at least as large is kept in the
+ * sequence idempotency_tokens, which is WAL-logged: it survives a crash and
+ * reaches standbys before any record carrying a token above the previous
+ * mark.  The mark is moved ahead by IDEM_TOKEN_MARGIN at a time, so it is
+ * written about every ten seconds, not for every claim.  After a restart
+ * the first token of a database starts above the mark.
+ *
+ * Without shared memory (the library not preloaded) every token reads and
+ * advances the mark itself.  With the 1.0 SQL objects (no sequence until
+ * ALTER EXTENSION idempotency UPDATE) tokens follow the clock, forced to
+ * increase within a backend, as 1.0 did.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "commands/sequence.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/lmgr.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "tcop/utility.h"
+#include "access/relation.h"
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/rel.h"
+#include "utils/timestamp.h"
+
+#include "idempotency.h"
+
+/* How far ahead of the last token the durable mark is moved: 10 s. */
+#define IDEM_TOKEN_MARGIN	((int64) 10 * USECS_PER_SEC)
+
+/* Databases with a slot; the others take the path without shared memory. */
+#define IDEM_TOKEN_SLOTS	64
+
+typedef struct TokenSlot
+{
+	Oid			dbid;			/* InvalidOid: free */
+	Oid			sequence;		/* the mark this slot was loaded from */
+	int64		last;			/* last token handed out */
+	int64		mark;			/* durable: idempotency_tokens is at least this */
+} TokenSlot;
+
+typedef struct TokenShared
+{
+	LWLock	   *lock;
+	TokenSlot	slots[IDEM_TOKEN_SLOTS];
+} TokenShared;
+
+static TokenShared *shared = NULL;
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+static void
+tokens_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(MAXALIGN(sizeof(TokenShared)));
+	RequestNamedLWLockTranche("idempotency tokens", 1);
+}
+
+static void
+tokens_shmem_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	shared = ShmemInitStruct("idempotency tokens", sizeof(TokenShared), &found);
+	if (!found)
+	{
+		memset(shared, 0, sizeof(TokenShared));
+		shared->lock = &(GetNamedLWLockTranche("idempotency tokens"))->lock;
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * Reserve shared memory for the last tokens.  Called from _PG_init while
+ * preloading.
+ */
+void
+idem_tokens_request_shmem(void)
+{
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = tokens_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = tokens_shmem_startup;
+}
+
+/* The clock in microseconds, at least 1. */
+static int64
+clock_token(TimestampTz now)
+{
+	return Max((int64) now, 1);
+}
+
+/* 1.0 objects: the clock, forced to increase within this backend. */
+static int64
+backend_clock_token(TimestampTz now)
+{
+	static int64 last_token = 0;
+	int64		token = clock_token(now);
+
+	if (token <= last_token)
+		token = last_token + 1;
+	last_token = token;
+	return token;
+}
+
+/*
+ * Read or move the mark as the sequence's owner (the extension's owner):
+ * callers of idem_claim need no privilege on it, and the caller's lastval()
+ * is left alone (setval and pg_sequence_last_value do not change it).
+ */
+static int64
+mark_read(Oid sequence)
+{
+	LOCAL_FCINFO(fcinfo, 1);
+	Datum		value;
+
+	InitFunctionCallInfoData(*fcinfo, NULL, 1, InvalidOid, NULL, NULL);
+	fcinfo->args[0].value = ObjectIdGetDatum(sequence);
+	fcinfo->args[0].isnull = false;
+	value = pg_sequence_last_value(fcinfo);
+	return fcinfo->isnull ? 0 : DatumGetInt64(value);
+}
+
+static void
+mark_write(Oid sequence, int64 mark)
+{
+	(void) DirectFunctionCall2(setval_oid, ObjectIdGetDatum(sequence),
+							   Int64GetDatum(mark));
+}
+
+typedef struct MarkCall
+{
+	Oid			sequence;
+	int64		mark;			/* in: to write (0: read only); out: read */
+} MarkCall;
+
+static void
+mark_as_owner(MarkCall *call)
+{
+	Relation	rel = relation_open(call->sequence, AccessShareLock);
+	Oid			owner = rel->rd_rel->relowner;
+	Oid			save_userid;
+	int			save_sec_context;
+
+	relation_close(rel, NoLock);
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner, save_sec_context |
+						   SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+	PG_TRY();
+	{
+		if (call->mark > 0)
+			mark_write(call->sequence, call->mark);
+		else
+			call->mark = mark_read(call->sequence);
+	}
+	PG_FINALLY();
+	{
+		SetUserIdAndSecContext(save_userid, save_sec_context);
+	}
+	PG_END_TRY();
+}
+
+static int64
+read_mark(Oid sequence)
+{
+	MarkCall	call = {sequence, 0};
+
+	mark_as_owner(&call);
+	return call.mark;
+}
+
+static void
+write_mark(Oid sequence, int64 mark)
+{
+	MarkCall	call = {sequence, mark};
+
+	mark_as_owner(&call);
+}
+
+/*
+ * Without shared memory: read the mark and move it to the last of n new
+ * tokens, one writer at a time (a self-conflicting lock on the sequence).
+ */
+static int64
+reserve_without_slot(Oid sequence, TimestampTz now, int n)
+{
+	int64		first;
+
+	LockRelationOid(sequence, ShareUpdateExclusiveLock);
+	first = Max(clock_token(now), read_mark(sequence) + 1);
+	write_mark(sequence, first + n - 1);
+	UnlockRelationOid(sequence, ShareUpdateExclusiveLock);
+	return first;
+}
+
+/* This database's slot, claimed if free; NULL if all are taken. */
+static TokenSlot *
+find_slot(void)
+{
+	TokenSlot  *free_slot = NULL;
+
+	for (int i = 0; i < IDEM_TOKEN_SLOTS; i++)
+	{
+		TokenSlot  *slot = &shared->slots[i];
+
+		if (slot->dbid == MyDatabaseId)
+			return slot;
+		if (slot->dbid == InvalidOid && free_slot == NULL)
+			free_slot = slot;
+	}
+	if (free_slot != NULL)
+	{
+		free_slot->dbid = MyDatabaseId;
+		free_slot->sequence = InvalidOid;
+	}
+	return free_slot;
+}
+
+/*
+ * Make sure the durable mark covers last: move it ahead by the margin,
+ * one writer at a time, never backwards.
+ */
+static void
+cover_with_mark(TokenSlot *slot, Oid sequence, int64 last)
+{
+	int64		mark;
+
+	LockRelationOid(sequence, ShareUpdateExclusiveLock);
+	LWLockAcquire(shared->lock, LW_SHARED);
+	mark = slot->mark;
+	LWLockRelease(shared->lock);
+	if (mark < last)
+	{
+		mark = Max(read_mark(sequence), last + IDEM_TOKEN_MARGIN);
+		write_mark(sequence, mark);
+		LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+		if (slot->sequence == sequence && slot->mark < mark)
+			slot->mark = mark;
+		LWLockRelease(shared->lock);
+	}
+	UnlockRelationOid(sequence, ShareUpdateExclusiveLock);
+}
+
+/* A slot not loaded from this sequence starts above its mark. */
+static void
+load_slot(TokenSlot *slot, Oid sequence)
+{
+	int64		mark;
+
+	LockRelationOid(sequence, ShareUpdateExclusiveLock);
+	mark = read_mark(sequence);
+	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	if (slot->dbid == MyDatabaseId && slot->sequence != sequence)
+	{
+		slot->sequence = sequence;
+		slot->last = Max(slot->last, mark);
+		slot->mark = mark;
+	}
+	LWLockRelease(shared->lock);
+	UnlockRelationOid(sequence, ShareUpdateExclusiveLock);
+}
+
+/*
+ * Hand out n consecutive tokens and return the first.  The caller is
+ * about to write a record with them, so a read-only transaction fails here
+ * exactly as that INSERT would.
+ */
+int64
+idem_next_tokens(TimestampTz now, int n)
+{
+	Oid			sequence = idem_store_token_sequence();
+	TokenSlot  *slot = NULL;
+	int64		first;
+	int64		last;
+	bool		loaded;
+	bool		covered;
+
+	Assert(n >= 1);
+	if (!OidIsValid(sequence))
+	{
+		first = backend_clock_token(now);
+		for (int i = 1; i < n; i++)
+			(void) backend_clock_token(now);
+		return first;
+	}
+	PreventCommandIfReadOnly("INSERT");
+	if (shared == NULL)
+		return reserve_without_slot(sequence, now, n);
+
+	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	slot = find_slot();
+	loaded = slot != NULL && slot->sequence == sequence;
+	LWLockRelease(shared->lock);
+	if (slot == NULL)
+		return reserve_without_slot(sequence, now, n);
+	if (!loaded)
+		load_slot(slot, sequence);
+
+	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	first = Max(clock_token(now), slot->last + 1);
+	last = first + n - 1;
+	slot->last = last;
+	covered = slot->mark >= last;
+	LWLockRelease(shared->lock);
+
+	if (!covered)
+		cover_with_mark(slot, sequence, last);
+	return first;
+}
+
+int64
+idem_next_token(TimestampTz now)
+{
+	return idem_next_tokens(now, 1);
+}
