@@ -1,0 +1,270 @@
+"""FastAPI integration of the idempotency extension: a decorator that runs an
+endpoint at most once per (tenant, Idempotency-Key).
+
+The shape of the classic "idempotent_db_operation" decorator, with one change
+that matters: the claim, the endpoint's own writes and the stored response
+are ONE database transaction.
+
+    BEGIN
+    idem_claim(tenant, key, fingerprint)
+      claimed      run the endpoint with the transaction's connection, then
+                   idem_complete (status < 400) or idem_release(failure => ...)
+                   (4xx: a business failure, stored and replayed)
+      replay       the stored status and body, Idempotent-Replayed: true
+      failed       the stored failure,          Idempotent-Replayed: true
+      in_progress  409 + Retry-After: 1 (the original is still running)
+      mismatch     422 (the key was used for another request)
+    COMMIT
+
+If the endpoint raises (HTTPException included) or returns a 5xx, the
+transaction rolls back: its writes and the claim disappear together, nothing
+is stored, and a retry with the same key simply runs again.
+
+Byte-identical replays: the stored document is {"status", "body", ...}; the
+body sent is the stored jsonb as PostgreSQL prints it, for the first answer
+(read back by the statement that stores it) as for every replay, so they are
+the same bytes whatever the endpoint's key order or number formatting.
+
+Usage (see app.py):
+
+    idempotent = Idempotency(pool=lambda: app.state.pool, tenant=current_client)
+
+    @app.post("/entries")
+    @idempotent(status_code=201)
+    async def post_entries(entries: list[Entry], conn: AsyncConnection, claim: Claim):
+        await conn.execute("INSERT ...")          # same transaction as the claim
+        return [...]
+
+Parameters annotated AsyncConnection and Claim are filled in by the decorator
+and hidden from FastAPI.  Requires psycopg 3 (psycopg_pool) and FastAPI.
+"""
+import base64
+import functools
+import hashlib
+import inspect
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+from fastapi import Depends, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import Response
+from psycopg import AsyncConnection, Rollback
+from psycopg.types.json import Jsonb
+
+__all__ = ["Claim", "Idempotency"]
+
+MAX_IDENTIFIER_BYTES = 255                              # the extension's limit on tenant_id and key
+SF_STRING = re.compile(r'"((?:[^"\\]|\\["\\])*)"')      # RFC 8941 sf-string
+NOT_REPLAYED_HEADERS = {"content-length", "content-type", "date", "server", "transfer-encoding"}
+# The body to send, as PostgreSQL prints the stored jsonb (the whole document if it is not ours)
+BODY_TEXT = "coalesce({0}->'body', {0})::text"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What the endpoint may want to know about its claim (e.g. to record the key)."""
+    tenant: str
+    key: str
+    token: int
+
+
+class Refused(Exception):
+    """A request refused before the claim (400): nothing is stored."""
+
+    def __init__(self, title, detail=None):
+        super().__init__(title)
+        self.title, self.detail = title, detail
+
+
+def problem(status: int, title: str, detail: Optional[str] = None, headers=None) -> Response:
+    """An RFC 7807 problem document, as the IETF Idempotency-Key draft recommends."""
+    doc = {"type": "about:blank", "title": title, "status": status}
+    if detail:
+        doc["detail"] = detail
+    return Response(compact_json(doc), status_code=status, headers=headers,
+                    media_type="application/problem+json")
+
+
+def compact_json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def parse_identifier(value: Optional[str], name: str) -> str:
+    """A printable-ASCII identifier of 1..255 bytes (so bytes == characters)."""
+    if not value:
+        raise Refused(f"{name} must not be empty")
+    if len(value) > MAX_IDENTIFIER_BYTES:
+        raise Refused(f"{name} is too long", f"{len(value)} characters; the limit is {MAX_IDENTIFIER_BYTES}.")
+    if not all(" " <= c <= "~" for c in value):
+        raise Refused(f"{name} must be printable ASCII")
+    return value
+
+
+def parse_idempotency_key(values: list) -> str:
+    """The key: an sf-string ("abc") per the IETF draft, or bare (abc) as Stripe sends it."""
+    if not values:
+        raise Refused("Idempotency-Key header is required", "Send a unique key per operation, e.g. a UUID v4.")
+    if len(values) > 1:
+        raise Refused("only one Idempotency-Key header is allowed")
+    raw = values[0].strip()
+    if raw.startswith('"'):
+        quoted = SF_STRING.fullmatch(raw)
+        if not quoted:
+            raise Refused("Idempotency-Key is not a valid structured-field string")
+        raw = re.sub(r'\\(["\\])', r"\1", quoted.group(1))
+    return parse_identifier(raw, "Idempotency-Key")
+
+
+def fingerprint(request: Request, body: bytes) -> str:
+    """What makes two requests "the same": method, path, query and the body
+    (canonical JSON when it is JSON, so key order and spacing do not count)."""
+    target = request.url.path + ("?" + request.url.query if request.url.query else "")
+    try:
+        body = json.dumps(json.loads(body), sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False).encode()
+    except ValueError:
+        pass                                            # not JSON: the bytes as sent
+    return hashlib.sha256(f"{request.method} {target}\n".encode() + body).hexdigest()
+
+
+async def stored_document(result: Any, status_code: int) -> dict:
+    """The endpoint's answer as the document kept in idempotency_records.response."""
+    if not isinstance(result, Response):
+        return {"status": status_code, "body": jsonable_encoder(result)}
+    body = getattr(result, "body", None)
+    if body is None:                                    # a StreamingResponse: drain it
+        body = b"".join([c if isinstance(c, bytes) else c.encode() async for c in result.body_iterator])
+    doc = {"status": result.status_code}
+    content_type = result.headers.get("content-type", "")
+    headers = {k: v for k, v in result.headers.items() if k not in NOT_REPLAYED_HEADERS}
+    if headers:
+        doc["headers"] = headers
+    try:
+        if "json" not in content_type:
+            raise ValueError
+        doc["body"] = json.loads(body)
+        if not content_type.startswith("application/json"):
+            doc["content_type"] = content_type
+    except ValueError:                                  # not JSON: keep the exact bytes
+        doc["body_base64"] = base64.b64encode(body).decode()
+        doc["content_type"] = content_type or "application/octet-stream"
+    return doc
+
+
+def render(doc: Any, body: str, replayed: bool) -> Response:
+    """The HTTP answer of a stored document.  body is the JSON text of its
+    "body" as PostgreSQL prints the stored jsonb (BODY_TEXT), so the first
+    answer and every replay are the same bytes."""
+    if not (isinstance(doc, dict) and isinstance(doc.get("status"), int)):
+        # not one of ours, e.g. the extension's {"error": "lease_expired"}
+        # under idempotency.stale_action = 'fail'
+        doc = {"status": 500}
+    headers = dict(doc.get("headers") or {})
+    if replayed:
+        headers["Idempotent-Replayed"] = "true"
+    content = base64.b64decode(doc["body_base64"]) if "body_base64" in doc else body.encode()
+    return Response(content, status_code=doc["status"], headers=headers,
+                    media_type=doc.get("content_type", "application/json"))
+
+
+class Idempotency:
+    """Configures the decorator once per application.
+
+    pool:   a psycopg_pool.AsyncConnectionPool whose connections are in
+            autocommit mode, or a function returning it (created at startup).
+    tenant: whose keys these are.  A header name (str) or a FastAPI
+            dependency (a callable; it may depend on your authentication,
+            e.g. return the authenticated principal's id).
+    lease, ttl: passed to idem_claim (None: the server's defaults).
+    """
+
+    def __init__(self, pool, *, tenant: Union[str, Callable] = "X-Client-Id",
+                 lease: Optional[str] = None, ttl: Optional[str] = None):
+        self._pool = pool if callable(pool) else (lambda: pool)
+        self.tenant, self.lease, self.ttl = tenant, lease, ttl
+
+    def __call__(self, func: Optional[Callable] = None, *, status_code: int = 200):
+        """@idempotent or @idempotent(status_code=201): status_code is used when
+        the endpoint returns a plain value rather than a Response."""
+        if func is None:
+            return functools.partial(self.__call__, status_code=status_code)
+        return self._wrap(func, status_code)
+
+    def _wrap(self, func: Callable, status_code: int) -> Callable:
+        signature = inspect.signature(func, eval_str=True)
+        conn_param = claim_param = None
+        visible = []
+        for p in signature.parameters.values():
+            if p.annotation is AsyncConnection or getattr(p.annotation, "__origin__", None) is AsyncConnection:
+                conn_param = p.name
+            elif p.annotation is Claim:
+                claim_param = p.name
+            else:   # keyword-only: FastAPI passes keywords, and the order of defaults stops mattering
+                visible.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+        # FastAPI fills in one Request parameter only: share the endpoint's if it has one
+        request_param = next((p.name for p in visible if p.annotation is Request), None)
+        if request_param is None:
+            visible.append(inspect.Parameter("idem_request_", inspect.Parameter.KEYWORD_ONLY, annotation=Request))
+        if callable(self.tenant):
+            visible.append(inspect.Parameter("idem_tenant_", inspect.Parameter.KEYWORD_ONLY,
+                                             annotation=str, default=Depends(self.tenant)))
+
+        @functools.wraps(func)
+        async def endpoint(**kwargs):
+            request: Request = kwargs[request_param] if request_param else kwargs.pop("idem_request_")
+            tenant = kwargs.pop("idem_tenant_") if callable(self.tenant) else request.headers.get(self.tenant)
+            try:
+                tenant = parse_identifier(tenant, "the tenant")
+                key = parse_idempotency_key(request.headers.getlist("idempotency-key"))
+            except Refused as r:
+                return problem(400, r.title, r.detail)
+            fp = fingerprint(request, await request.body())
+
+            async def handler(conn, token):
+                if conn_param:
+                    kwargs[conn_param] = conn
+                if claim_param:
+                    kwargs[claim_param] = Claim(tenant, key, token)
+                return await func(**kwargs)
+
+            return await self.run(tenant, key, fp, handler, status_code)
+
+        endpoint.__signature__ = signature.replace(parameters=visible)
+        del endpoint.__wrapped__          # FastAPI must see the signature above, not func's
+        return endpoint
+
+    async def run(self, tenant: str, key: str, fp: str, handler: Callable, status_code: int = 200) -> Response:
+        """One idempotent execution: claim, handler, store, all in one transaction."""
+        answer = None
+        async with self._pool().connection() as conn:
+            async with conn.transaction():
+                cur = await conn.execute(
+                    f"SELECT outcome, token, response, {BODY_TEXT.format('response')} FROM idem_claim("
+                    "%s, %s, %s, lease => %s::interval, ttl => %s::interval)",
+                    (tenant, key, fp, self.lease, self.ttl))
+                outcome, token, stored, body = await cur.fetchone()
+                if outcome in ("replay", "failed"):
+                    return render(stored, body, replayed=True)
+                if outcome == "in_progress":
+                    return problem(409, "a request with this Idempotency-Key is still being processed",
+                                   "Retry later with the same key.", {"Retry-After": "1"})
+                if outcome == "mismatch":
+                    return problem(422, "this Idempotency-Key was used for a different request",
+                                   "A key must not be reused with another payload.")
+
+                # claimed: this request, and only this one, runs the endpoint
+                result = await handler(conn, token)
+                doc = await stored_document(result, status_code)
+                if doc["status"] >= 500:      # the endpoint gave up: store nothing, undo its writes
+                    answer = result if isinstance(result, Response) else \
+                        render(doc, compact_json(doc.get("body")).decode(), replayed=False)
+                    raise Rollback()
+                settle = ("idem_complete(%s, %s, %s, response => d.r)" if doc["status"] < 400
+                          else "idem_release(%s, %s, %s, failure => d.r)")
+                # store it, and read back what was stored: the first answer is rendered from that
+                cur = await conn.execute(f"SELECT d.r, {BODY_TEXT.format('d.r')}, {settle}"
+                                         " FROM (SELECT %s::jsonb) AS d(r)", (tenant, key, token, Jsonb(doc)))
+                stored, body, _ = await cur.fetchone()
+            return answer or render(stored, body, replayed=False)
