@@ -9,7 +9,8 @@ security.  Dumped in custom, plain and directory format and restored (the
 directory one with pg_restore -j 2); each restored database must have the
 same records, the same extension objects, row-level security, policy,
 indexes and grants (generic comparison, test/upgrade/catalog.py), replay the
-same bytes, and confine a tenant role to its tenant's rows.  A control shows
+same bytes, and confine a tenant role to its tenant's rows.  A dump of a 1.0
+database restores into the current version with its records.  A control shows
 why the extension keeps these choices: a hand-made policy and index on the
 table are lost by the same dump.
 """
@@ -123,7 +124,7 @@ def main():
     work = tempfile.mkdtemp(prefix='idem-dump-')
 
     adm = srv.connect('postgres')
-    for db in ('src', 'r_custom', 'r_plain', 'r_dir', 'manual', 'manual_r'):
+    for db in ('src', 'r_custom', 'r_plain', 'r_dir', 'manual', 'manual_r', 'old10', 'old10_r'):
         run(adm, 'DROP DATABASE IF EXISTS %s' % db)
     run(adm, 'DROP ROLE IF EXISTS idem_app')
     run(adm, 'CREATE ROLE idem_app LOGIN')
@@ -197,6 +198,28 @@ def main():
         check(e is None and o == 'claimed', '%s: a processing claim completes with its token, a new key is claimed'
               % db, (e, o))
         r.close()
+
+    print('# a dump of a 1.0 database restores into the current version')
+    run(adm, 'CREATE DATABASE old10')
+    o = srv.connect('old10')
+    run(o, "CREATE EXTENSION idempotency VERSION '1.0'")
+    for i in range(20):
+        tok = claim(o, 'old', 'k-%d' % i)[1]
+        if i % 2:
+            run(o, 'SELECT public.idem_complete(%s, %s, %s, %s::jsonb)', ('old', 'k-%d' % i, tok, '{"v": %d}' % i))
+    old_records, old_replays = records(o), {i: claim(o, 'old', 'k-%d' % i) for i in range(1, 20, 2)}
+    run(adm, 'CREATE DATABASE old10_r')
+    rc1, out1 = sh(['pg_dump'] + conn_args + ['-Fc', '-f', os.path.join(work, 'old10.dump'), 'old10'])
+    rc2, out2 = sh(['pg_restore'] + conn_args + ['--exit-on-error', '-d', 'old10_r', os.path.join(work, 'old10.dump')])
+    orr = srv.connect('old10_r')
+    v = one(orr, "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'idempotency'")[0]
+    default = one(orr, "SELECT default_version FROM pg_catalog.pg_available_extensions WHERE name = 'idempotency'")[0]
+    got = {i: claim(orr, 'old', 'k-%d' % i) for i in range(1, 20, 2)}
+    check(rc1 == 0 and rc2 == 0 and v == default and records(orr) == old_records and got == old_replays,
+          'a 1.0 dump restores as %s (got %s) with its 20 records byte-identical and the same replays'
+          % (default, v), out1 + out2)
+    o.close()
+    orr.close()
 
     print('# control: what the dump loses without the extension\'s functions')
     m = srv.connect('manual')
