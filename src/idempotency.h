@@ -7,6 +7,7 @@
  *	 guc.c			the idempotency.* settings
  *	 validate.c		argument checks shared by every SQL function
  *	 store.c		the only code that talks to idempotency_records (SPI)
+ *	 table_shape.c	refusing a records table whose columns or key index changed
  *	 keylock.c		the per-key advisory lock that makes in_progress non-blocking
  *	 tokens.c		fencing tokens that never go backwards
  *	 pending.c		fresh claims held in memory and written once, when they settle
@@ -26,6 +27,7 @@
 #include "postgres.h"
 
 #include "datatype/timestamp.h"
+#include "access/tupdesc.h"
 #include "fmgr.h"
 #include "utils/snapshot.h"
 #include "utils/timestamp.h"
@@ -166,6 +168,11 @@ extern bool idem_store_extend_lease(const IdemKey *k, int64 token,
 									TimestampTz now,
 									TimestampTz lease_expires_at);
 extern bool idem_store_forget(const IdemKey *k);
+
+/* the table's shape (table_shape.c) */
+extern void idem_check_table_shape(Oid table);
+extern void idem_check_result_shape(Oid table, TupleDesc desc,
+									const Oid *types, int n);
 
 /* sweep batches: one statement each, returns rows affected */
 extern uint64 idem_store_sweep_expired(TimestampTz now, int batch_size,

@@ -189,6 +189,38 @@ static const Oid query_argtypes[NUM_QUERIES][11] = {
 	[Q_SWEEP_FAIL_STALE] = {TIMESTAMPTZOID, INT4OID, JSONBOID},
 };
 
+/*
+ * The column types of each statement's result (table_shape.c checks them
+ * before anything is read), and how many.
+ */
+#define RECORD_TYPES {TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID, \
+	TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, XIDOID}
+#define SWEPT_TYPES {BOOLOID, TIMESTAMPTZOID}
+
+static const Oid result_types[NUM_QUERIES][9] = {
+	[Q_READ] = RECORD_TYPES,
+	[Q_FAIL_STALE] = RECORD_TYPES,
+	[Q_TAKE_OVER] = {INT8OID},
+	[Q_INSERT_MANY] = {TEXTOID},
+	[Q_INSERT_MANY_PLAIN] = {TEXTOID},
+	[Q_SWEEP_ALL] = SWEPT_TYPES,
+	[Q_SWEEP_TERMINAL] = SWEPT_TYPES,
+	[Q_SWEEP_GROUP_ALL] = SWEPT_TYPES,
+	[Q_SWEEP_GROUP_TERMINAL] = SWEPT_TYPES,
+};
+
+static const int result_ncolumns[NUM_QUERIES] = {
+	[Q_READ] = 9,
+	[Q_FAIL_STALE] = 9,
+	[Q_TAKE_OVER] = 1,
+	[Q_INSERT_MANY] = 1,
+	[Q_INSERT_MANY_PLAIN] = 1,
+	[Q_SWEEP_ALL] = 2,
+	[Q_SWEEP_TERMINAL] = 2,
+	[Q_SWEEP_GROUP_ALL] = 2,
+	[Q_SWEEP_GROUP_TERMINAL] = 2,
+};
+
 static const int query_nargs[NUM_QUERIES] = {
 	[Q_READ] = 2,
 	[Q_INSERT_MANY] = 7,
@@ -360,6 +392,7 @@ store_attach(Oid nsp)
 						get_namespace_name(nsp)),
 				 errhint("Drop and create the idempotency extension again.")));
 
+	idem_check_table_shape(table);
 	if (nsp != cached_schema || table != cached_table)
 		store_forget_plans();
 	cached_schema = nsp;
@@ -485,6 +518,9 @@ store_run(IdemQuery q, Datum *values, const char *nulls, bool read_only,
 	PG_END_TRY();
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+	if (SPI_tuptable != NULL && result_ncolumns[q] > 0)
+		idem_check_result_shape(cached_table, SPI_tuptable->tupdesc,
+								result_types[q], result_ncolumns[q]);
 	return SPI_processed;
 }
 
