@@ -6,14 +6,18 @@ and pg_stat_statements (track = all).  Creates its own databases and roles.
 
 What it proves (each line of output is one check):
   catalog   PUBLIC can execute no function and use no relation of the
-            extension (the README lists none); every function is SECURITY
+            extension (docs/privileges.md lists none); every function is SECURITY
             INVOKER and not LEAKPROOF; every member belongs to the installing
             superuser; the control file says trusted = false, superuser = true.
-  roles     the application role with the README's grants works end to end;
+  roles     the application role with the documented grants works end to end;
             it cannot run the operator functions; a role without grants gets
             42501 everywhere; a role with EXECUTE but no table privileges gets
             42501 from inside the call (the functions run with the caller's
             rights); row-level security stays in force through the functions.
+  documented  the three roles of docs/privileges.md (app, idem_operator,
+            idem_sweeper) created with exactly its GRANT lines can do what the
+            page says, are refused the rest, and need every table privilege
+            they are given (test/privileges/documented_roles.py).
   hostile   a role with CREATE on public plants twins of every pg_catalog
             operator and plain function over the types our SQL uses, a
             look-alike table in its own schema and in pg_temp, and the victim
@@ -39,7 +43,7 @@ import psycopg2.errors
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# What the README documents.  PUBLIC gets nothing.
+# What docs/privileges.md documents.  PUBLIC gets nothing.
 PUBLIC_EXECUTABLE = set()
 APP_FUNCTIONS = ['idem_claim', 'idem_claim_many', 'idem_complete', 'idem_release',
                  'idem_heartbeat', 'idem_lookup']
@@ -139,7 +143,7 @@ def test_catalog(db):
         WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.deptype = 'e'
           AND a.grantee = 0 AND a.privilege_type = 'EXECUTE'""")]
     check(set(public_exec) <= PUBLIC_EXECUTABLE,
-          'PUBLIC can execute no function of the extension (README: none)', public_exec)
+          'PUBLIC can execute no function of the extension (docs: none)', public_exec)
     public_rel = rows(c, """
         SELECT c.oid::pg_catalog.regclass::text, a.privilege_type
         FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_class c ON c.oid = d.objid
@@ -247,7 +251,7 @@ def workflow(c, tenant, tag, expect_response='{"n": 1}'):
     t4 = r[0][1]
     time.sleep(0.01)
     r = call('SELECT * FROM public.idem_claim(tenant_id => %s, key => %s)', (tenant, k(4)))
-    if r[0][0] != 'claimed' or r[0][1] != t4 + 1:
+    if r[0][0] != 'claimed' or not r[0][1] > t4:
         problems.append('takeover: %r (old token %s)' % (r, t4))
     try:
         call('SELECT * FROM public.idem_complete(tenant_id => %s, key => %s, token => %s)', (tenant, k(4), t4))
@@ -312,6 +316,15 @@ def test_roles(db):
     for sig in [f[0] for f in ext_functions(own)]:
         name, argtypes = sig.split('(', 1)
         nargs = len([a for a in argtypes.rstrip(')').split(',') if a])
+        strict, trigger = one(own, """SELECT proisstrict, prorettype = 'pg_catalog.trigger'::pg_catalog.regtype
+                                     FROM pg_catalog.pg_proc WHERE oid = %s::pg_catalog.regprocedure""", (sig,))
+        if strict or trigger:
+            # the planner folds a STRICT call with NULL arguments to NULL
+            # without running (or checking) it, and a trigger function cannot
+            # be called: ask the catalog instead
+            states[name] = None if one(own, "SELECT pg_catalog.has_function_privilege('idem_nogrant', %s, "
+                                            "'EXECUTE')", (sig,))[0] else '42501'
+            continue
         states[name] = sqlstate_of(nog, 'SELECT * FROM public.%s(%s)' % (name, ', '.join(['NULL'] * nargs)))
     states['SELECT table'] = sqlstate_of(nog, 'SELECT * FROM public.idempotency_records')
     states['INSERT table'] = sqlstate_of(nog, """INSERT INTO public.idempotency_records
@@ -643,7 +656,13 @@ def main():
     HAS_CLAIM_MANY = signature(own, 'idem_claim_many') is not None
     own.close()
 
-    for test in (test_catalog, test_roles, test_hostile, test_install):
+    sys.path.insert(0, HERE)
+    import documented_roles
+
+    def test_documented_roles(db):
+        documented_roles.run(sys.modules[__name__], db, args.repo)
+
+    for test in (test_catalog, test_roles, test_documented_roles, test_hostile, test_install):
         try:
             test(db)
         except Exception as e:          # a crash of the test itself is a failure, not a stop
