@@ -79,8 +79,26 @@ def library_works_on_10(srv, db):
     if st is None or st[0] < 1:
         problems.append('idem_stats: %r' % (st,))
     run(c, "DELETE FROM public.idempotency_records WHERE tenant_id = 'lib'")
+    # the background sweeper on a 1.0 database: a record past its retention is removed
+    o, tok, _, _ = claim(c, 'lib', 'expired', ttl='1 microsecond')
+    run(c, "SELECT public.idem_complete('lib', 'expired', %s, NULL)", (tok,))
+    adm = srv.connect('postgres')
+    run(adm, "ALTER SYSTEM SET idempotency.sweep_interval = '1s'")
+    run(adm, 'SELECT pg_catalog.pg_reload_conf()')
+    deadline = time.time() + 120          # a cap for a broken sweeper, not a measured duration
+    while time.time() < deadline and one(c, "SELECT pg_catalog.count(*) FROM public.idempotency_records "
+                                            "WHERE tenant_id = 'lib' AND key = 'expired'")[0]:
+        time.sleep(0.2)
+    swept = one(c, "SELECT swept_expired, last_sweep_error FROM public.idem_stats "
+                   "WHERE datname = pg_catalog.current_database()")
+    run(adm, 'ALTER SYSTEM RESET idempotency.sweep_interval')
+    run(adm, 'SELECT pg_catalog.pg_reload_conf()')
+    adm.close()
+    if not swept or swept[0] < 1 or swept[1] is not None:
+        problems.append('the background sweeper did not sweep the 1.0 database: %r' % (swept,))
     check(not problems, 'the new library works through the 1.0 SQL objects: claim, heartbeat, complete, '
-          'replay, mismatch, release with failure, lookup, forget, claim_many, sweep, idem_stats', problems)
+          'replay, mismatch, release with failure, lookup, forget, claim_many, sweep, idem_stats, '
+          'the background sweeper', problems)
     c.close()
 
 
