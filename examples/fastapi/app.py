@@ -27,9 +27,13 @@ TEST_HOOKS = os.environ.get("LEDGER_TEST_HOOKS") == "1"
 app = FastAPI(title="ledger")
 
 
+Account = constr(regex=r"^[a-z0-9-]{1,64}$")
+Cents = conint(strict=True, gt=0)
+
+
 class Entry(BaseModel):
-    account: constr(regex=r"^[a-z0-9-]{1,64}$")
-    amount: conint(strict=True, gt=0)                   # minor units (cents)
+    account: Account
+    amount: Cents                                       # minor units (cents)
 
 
 async def authenticated_client(x_client_id: str = Header("default")) -> str:

@@ -193,6 +193,8 @@ class Idempotency:
         return self._wrap(func, status_code)
 
     def _wrap(self, func: Callable, status_code: int) -> Callable:
+        if not inspect.iscoroutinefunction(func):
+            raise TypeError(f"@idempotent needs an async endpoint (it gets an AsyncConnection): {func.__name__}")
         signature = inspect.signature(func, eval_str=True)
         conn_param = claim_param = None
         visible = []
