@@ -263,10 +263,31 @@ def main():
     check(re.search(r'^examples/demo\.sh\b', sh, re.M) and re.search(r'^test/run-all\b', sh, re.M),
           'README.md gives the two quick-start commands (examples/demo.sh, test/run-all)')
 
+    check_sqlstates(args)
     result = run_all(args)
     selftest(args)
     print('DOCS-RESULT passed=%d failed=%d' % (passed, failed))
     return 1 if failed else result
+
+
+def check_sqlstates(args):
+    """docs/reference.md's SQLSTATE table lists exactly the codes of
+    test/fuzz/sqlstates.txt, the list the fuzz suite checks every error
+    against."""
+    ref = os.path.join(args.repo, 'docs', 'reference.md')
+    listed = os.path.join(args.repo, 'test', 'fuzz', 'sqlstates.txt')
+    if not (os.path.exists(ref) and os.path.exists(listed)):
+        check(False, 'docs/reference.md and test/fuzz/sqlstates.txt exist')
+        return
+    with open(ref, encoding='utf-8') as f:
+        text = f.read()
+    section = text.split('## Errors', 1)[1].split('\n## ', 1)[0] if '## Errors' in text else ''
+    documented = set(re.findall(r'^\| `([0-9A-Z]{5})` \|', section, re.M))
+    with open(listed, encoding='utf-8') as f:
+        fuzz = {l.split('\t', 1)[0] for l in f if l.strip() and not l.startswith('#')}
+    check(documented and documented == fuzz,
+          'docs/reference.md lists the %d SQLSTATEs of test/fuzz/sqlstates.txt, no more, no fewer' % len(fuzz),
+          'only in the docs: %s; only in sqlstates.txt: %s' % (sorted(documented - fuzz), sorted(fuzz - documented)))
 
 
 def run_all(args):
