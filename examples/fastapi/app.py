@@ -65,6 +65,12 @@ async def invalid_request(request: Request, exc: RequestValidationError):
         f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
 
 
+@app.exception_handler(Exception)
+async def internal_error(request: Request, exc: Exception):
+    """500: the decorator has already rolled back the endpoint's writes and its claim."""
+    return problem(500, "internal error", "Nothing was stored; retrying with the same key is safe.")
+
+
 @app.post("/entries")
 @idempotent(status_code=201)
 async def post_entries(entries: conlist(Entry, min_items=1, max_items=100), request: Request,
