@@ -35,8 +35,9 @@
  * Utility statements are readers unless they are known not to look at the
  * table (transaction control, most SET, SHOW, cursor and prepared-statement
  * handling whose queries go through ExecutorStart themselves, LISTEN,
- * NOTIFY).  COMMIT and PREPARE TRANSACTION write held claims before they
- * do anything else, so deferred triggers still fire on them and the
+ * NOTIFY).  COMMIT and PREPARE TRANSACTION write held claims as part of
+ * their statement, before the commit, so deferred triggers still fire on
+ * them and the
  * session's statement_timeout and lock_timeout still apply.  Claims are
  * held only in explicit transaction blocks, where COMMIT is a statement of
  * its own.
@@ -566,9 +567,7 @@ readers_process_utility(PlannedStmt *pstmt, const char *queryString,
 			case UTILITY_QUIET:
 				break;
 			case UTILITY_COMMIT:
-				/* before deferred triggers fire, under statement_timeout */
-				idem_pending_write_all(NULL, false);
-				break;
+				break;			/* below */
 			case UTILITY_READER:
 				idem_pending_write_all(NULL, executor_depth == 0);
 				break;
@@ -581,6 +580,17 @@ readers_process_utility(PlannedStmt *pstmt, const char *queryString,
 	else
 		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
 								params, queryEnv, dest, qc);
+
+	/*
+	 * COMMIT and PREPARE TRANSACTION have now only marked the block as
+	 * ending; the commit itself, and deferred triggers, run when the
+	 * statement is over.  Writing held claims here is still inside the
+	 * statement (statement_timeout and lock_timeout apply) and before the
+	 * deferred triggers, and an error here ends the transaction block just
+	 * as a failing deferred constraint does.
+	 */
+	if (!idem_store_running() && classify_utility(stmt) == UTILITY_COMMIT)
+		idem_pending_write_all(NULL, false);
 
 	if (IsA(stmt, TransactionStmt))
 	{
