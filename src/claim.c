@@ -247,7 +247,7 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 
 		if (!found)
 		{
-			int64		token = idem_next_token(now);
+			int64		token = idem_next_token(now, 0);
 			TimestampTz lease_end = idem_add_duration(now, args->lease_us, "lease");
 
 			if (defer)
@@ -285,7 +285,7 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 		{
 			bool		new_lifetime = rec.status != IDEM_PROCESSING;
 			TimestampTz lease_end = idem_add_duration(now, args->lease_us, "lease");
-			int64		token = idem_next_token(now);
+			int64		token = idem_next_token(now, rec.token);
 
 			if (idem_store_take_over(k, rec.token, token, args->fingerprint,
 									 new_lifetime, now, lease_end, args->ttl_us))

@@ -326,7 +326,7 @@ idem_claim_many(PG_FUNCTION_ARGS)
 			idem_keylock_acquire(&bk->k, 0) == IDEM_KEYLOCK_BUSY)
 			continue;
 		bk->locked = true;
-		bk->token = idem_next_token(now);
+		bk->token = idem_next_token(now, 0);
 		fresh_keys[nfresh] = bk->k.key;
 		fresh_fps[nfresh] = bk->fingerprint;
 		fresh_tokens[nfresh] = Int64GetDatum(bk->token);

@@ -310,8 +310,8 @@ extern void idem_claim_result_columns(const IdemClaimResult *res,
 /* ---------- fencing tokens (tokens.c) ---------- */
 
 extern void idem_tokens_request_shmem(void);
-extern int64 idem_next_tokens(TimestampTz now, int n);
-extern int64 idem_next_token(TimestampTz now);
+extern int64 idem_next_tokens(TimestampTz now, int n, int64 above);
+extern int64 idem_next_token(TimestampTz now, int64 above);
 
 /* ---------- statistics in shared memory (stats.c) ---------- */
 

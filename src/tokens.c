@@ -207,12 +207,12 @@ write_mark(Oid sequence, int64 mark)
  * tokens, one writer at a time (a self-conflicting lock on the sequence).
  */
 static int64
-reserve_without_slot(Oid sequence, TimestampTz now, int n)
+reserve_without_slot(Oid sequence, TimestampTz now, int n, int64 above)
 {
 	int64		first;
 
 	LockRelationOid(sequence, ShareUpdateExclusiveLock);
-	first = Max(clock_token(now), read_mark(sequence) + 1);
+	first = Max(Max(clock_token(now), above + 1), read_mark(sequence) + 1);
 	write_mark(sequence, first + n - 1);
 	UnlockRelationOid(sequence, ShareUpdateExclusiveLock);
 	return first;
@@ -286,12 +286,15 @@ load_slot(TokenSlot *slot, Oid sequence)
 }
 
 /*
- * Hand out n consecutive tokens and return the first.  The caller is
- * about to write a record with them, so a read-only transaction fails here
- * exactly as that INSERT would.
+ * Hand out n consecutive tokens, all greater than above, and return the
+ * first.  (A takeover passes the old record's token: a record written
+ * around the functions, or restored without the sequence, may hold a token
+ * the counter never handed out.)  The caller is about to write a record
+ * with them, so a read-only transaction fails here exactly as that INSERT
+ * would.
  */
 int64
-idem_next_tokens(TimestampTz now, int n)
+idem_next_tokens(TimestampTz now, int n, int64 above)
 {
 	Oid			sequence = idem_store_token_sequence();
 	TokenSlot  *slot = NULL;
@@ -303,26 +306,26 @@ idem_next_tokens(TimestampTz now, int n)
 	Assert(n >= 1);
 	if (!OidIsValid(sequence))
 	{
-		first = backend_clock_token(now);
+		first = backend_clock_token(Max(now, above + 1));
 		for (int i = 1; i < n; i++)
 			(void) backend_clock_token(now);
 		return first;
 	}
 	PreventCommandIfReadOnly("INSERT");
 	if (shared == NULL)
-		return reserve_without_slot(sequence, now, n);
+		return reserve_without_slot(sequence, now, n, above);
 
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	slot = find_slot();
 	loaded = slot != NULL && slot->sequence == sequence;
 	LWLockRelease(shared->lock);
 	if (slot == NULL)
-		return reserve_without_slot(sequence, now, n);
+		return reserve_without_slot(sequence, now, n, above);
 	if (!loaded)
 		load_slot(slot, sequence);
 
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	first = Max(clock_token(now), slot->last + 1);
+	first = Max(Max(clock_token(now), above + 1), slot->last + 1);
 	last = first + n - 1;
 	slot->last = last;
 	covered = slot->mark >= last;
@@ -334,7 +337,7 @@ idem_next_tokens(TimestampTz now, int n)
 }
 
 int64
-idem_next_token(TimestampTz now)
+idem_next_token(TimestampTz now, int64 above)
 {
-	return idem_next_tokens(now, 1);
+	return idem_next_tokens(now, 1, above);
 }
