@@ -151,7 +151,8 @@ BEGIN
                              NEW.index_name, TG_TABLE_SCHEMA, cols);
     SELECT c.oid INTO existing FROM pg_catalog.pg_class c
     WHERE c.relname OPERATOR(pg_catalog.=) NEW.index_name
-      AND c.relnamespace OPERATOR(pg_catalog.=) TG_TABLE_SCHEMA::pg_catalog.regnamespace;
+      AND c.relnamespace OPERATOR(pg_catalog.=) (SELECT r.relnamespace FROM pg_catalog.pg_class r
+                                                 WHERE r.oid OPERATOR(pg_catalog.=) TG_RELID);
     IF existing IS NULL THEN
         EXECUTE def;
     ELSIF NOT EXISTS (SELECT FROM pg_catalog.pg_index i

@@ -124,7 +124,7 @@ def main():
     work = tempfile.mkdtemp(prefix='idem-dump-')
 
     adm = srv.connect('postgres')
-    for db in ('src', 'r_custom', 'r_plain', 'r_dir', 'manual', 'manual_r', 'old10', 'old10_r'):
+    for db in ('src', 'r_custom', 'r_plain', 'r_dir', 'manual', 'manual_r', 'old10', 'old10_r', 'sch', 'sch_r'):
         run(adm, 'DROP DATABASE IF EXISTS %s' % db)
     run(adm, 'DROP ROLE IF EXISTS idem_app')
     run(adm, 'CREATE ROLE idem_app LOGIN')
@@ -198,6 +198,31 @@ def main():
         check(e is None and o == 'claimed', '%s: a processing claim completes with its token, a new key is claimed'
               % db, (e, o))
         r.close()
+
+    print('# the extension in a schema whose name needs quoting')
+    run(adm, 'CREATE DATABASE sch')
+    q = srv.connect('sch')
+    run(q, 'CREATE SCHEMA "Idem Schema"')
+    run(q, 'CREATE EXTENSION idempotency SCHEMA "Idem Schema"')
+    run(q, """SELECT "Idem Schema".idem_set_tenant_isolation(true, 'app.tenant')""")
+    run(q, """SELECT "Idem Schema".idem_create_index(ARRAY['tenant_id', 'created_at'])""")
+    run(q, 'CREATE INDEX CONCURRENTLY "By Status" ON "Idem Schema".idempotency_records (status)')
+    run(q, """SELECT "Idem Schema".idem_create_index(ARRAY['status'], 'By Status')""")
+    tok = one(q, """SELECT token FROM "Idem Schema".idem_claim('t', 'k')""")[0]
+    run(q, """SELECT "Idem Schema".idem_complete('t', 'k', %s, '{"q": 1}')""", (tok,))
+    sch_catalog = catalog.snapshot(q)
+    sch_records = rows(q, 'SELECT * FROM "Idem Schema".idempotency_records')
+    run(adm, 'CREATE DATABASE sch_r')
+    rc1, out1 = sh(['pg_dump'] + conn_args + ['-Fc', '-f', os.path.join(work, 'sch.dump'), 'sch'])
+    rc2, out2 = sh(['pg_restore'] + conn_args + ['--exit-on-error', '-d', 'sch_r', os.path.join(work, 'sch.dump')])
+    qr = srv.connect('sch_r')
+    d = catalog.diff(catalog.snapshot(qr), sch_catalog, 'sch_r', 'sch') if rc2 == 0 else ['restore failed']
+    got = rows(qr, 'SELECT * FROM "Idem Schema".idempotency_records') if rc2 == 0 else None
+    check(rc1 == 0 and rc2 == 0 and not d and got == sch_records,
+          'extension in schema "Idem Schema": isolation, a made and an adopted index ("By Status"), the record, '
+          'all restored', out1 + out2 + '\n'.join(d))
+    q.close()
+    qr.close()
 
     print('# a dump of a 1.0 database restores into the current version')
     run(adm, 'CREATE DATABASE old10')
