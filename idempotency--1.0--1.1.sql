@@ -68,7 +68,11 @@ AS $fn$
 DECLARE
     tbl text := pg_catalog.format('%I.idempotency_records', TG_TABLE_SCHEMA);
 BEGIN
-    IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
+    IF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
+        -- would forget the choice while leaving it applied
+        RAISE EXCEPTION 'idem_tenant_isolation cannot be truncated'
+            USING ERRCODE = '0A000', HINT = 'Use idem_set_tenant_isolation(false).';
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
         IF EXISTS (SELECT FROM pg_catalog.pg_policy p
                    WHERE p.polrelid OPERATOR(pg_catalog.=) tbl::pg_catalog.regclass
                      AND p.polname OPERATOR(pg_catalog.=) 'idem_tenant_isolation') THEN
@@ -117,7 +121,11 @@ DECLARE
     cols     text;
     def      text;
 BEGIN
-    IF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
+    IF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
+        -- would forget the indexes while leaving them in place
+        RAISE EXCEPTION 'idem_extra_indexes cannot be truncated'
+            USING ERRCODE = '0A000', HINT = 'Use idem_drop_index() for each index.';
+    ELSIF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
         EXECUTE pg_catalog.format('DROP INDEX IF EXISTS %I.%I', TG_TABLE_SCHEMA, OLD.index_name);
         RETURN OLD;
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
@@ -172,6 +180,12 @@ CREATE TRIGGER idem_apply_tenant_isolation
 CREATE TRIGGER idem_apply_extra_index
     AFTER INSERT OR UPDATE OR DELETE ON @extschema@.idem_extra_indexes
     FOR EACH ROW EXECUTE FUNCTION @extschema@.idem_apply_extra_index();
+CREATE TRIGGER idem_no_truncate
+    BEFORE TRUNCATE ON @extschema@.idem_tenant_isolation
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_apply_tenant_isolation();
+CREATE TRIGGER idem_no_truncate
+    BEFORE TRUNCATE ON @extschema@.idem_extra_indexes
+    FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_apply_extra_index();
 
 -- The API.  SQL-standard bodies are parsed here, with the names bound now,
 -- so no search_path can redirect them later.  They run with the caller's

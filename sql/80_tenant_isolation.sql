@@ -83,6 +83,8 @@ SELECT idem_create_index(ARRAY['status'], 'idempotency_records_pkey');
 SELECT idem_create_index(ARRAY['status'], repeat('x', 64));
 SELECT idem_create_index(ARRAY['tenant_id', 'created_at']);
 UPDATE idem_extra_indexes SET columns = ARRAY['key'];
+TRUNCATE idem_extra_indexes;
+TRUNCATE idem_tenant_isolation;
 -- adopted: an index built beforehand (e.g. CONCURRENTLY) with exactly the
 -- definition a restore would build; a different one is refused
 CREATE INDEX by_status_desc ON idempotency_records (status DESC);
