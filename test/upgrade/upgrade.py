@@ -334,6 +334,12 @@ def main():
     hold = [claim(probe, 'hold', k)[0:3] for k in ('open-complete', 'open-release', 'prepared')]
     want = [('replay', None, '{"a": "done"}'), ('failed', None, '{"a2": "failed"}'), ('replay', None, '{"p": "done"}')]
     check(not wrong and hold == want, 'what the holders finished replays as they finished it', (wrong[:3], hold))
+    highest = max([one(probe, 'SELECT pg_catalog.max(token) FROM public.idempotency_records')[0],
+                   a_tok, a2_tok, p_tok] + list(processing.values()))
+    fresh_tok = claim(probe, 'after', 'update')[1]
+    check(fresh_tok is not None and fresh_tok > highest,
+          'a claim after the update gets a token above every token handed out before or during it',
+          (fresh_tok, highest))
     lost = [k for k in loop.done if claim(probe, 'loop', k)[0] != 'replay']
     check(not lost, 'every key the loop completed across the update replays (%d)' % len(loop.done), lost[:5])
 
