@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The idempotency demo: starts a throwaway PostgreSQL 15 cluster, installs the
+# The idempotency demo: starts a throwaway PostgreSQL cluster, installs the
 # extension and plays a payments scenario (concurrent duplicate deliveries, a
 # retry after a crash-like rollback, a lease takeover with a fenced zombie, a
 # fingerprint mismatch, a sweep), then stops the cluster and removes it.
 # Usage, as root on Debian bookworm (installs what is missing): examples/demo.sh
+# PG_MAJOR=NN selects another installed PostgreSQL major (default 15).
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../test/lib/pg-env
+. "$src/test/lib/pg-env"
 "$src/test/lib/ensure-packages"
 "$src/test/lib/build-install"
 
-bin=/usr/lib/postgresql/15/bin
+bin=$PG_BINDIR
 dir=$(mktemp -d /tmp/idempotency-demo.XXXXXX)
 port=${IDEM_DEMO_PORT:-55990}
 as_pg=()

@@ -2,7 +2,7 @@
 machine, in alternating rounds, against throwaway servers.
 
 Run through test/bench/run (as a user that may run PostgreSQL).  Outline:
-  1. initdb a PostgreSQL 15 cluster in a temporary directory, preloading
+  1. initdb a PostgreSQL cluster (PG_MAJOR, default 15) in a temporary directory, preloading
      idempotency and pg_stat_statements; start two redis-servers (default
      persistence, AOF everysec); build the C load driver.
   2. Throughput rounds: every scenario once per round, in the same order
@@ -368,7 +368,7 @@ def main():
 
 def notes(p):
     return [
-        "Servers: a throwaway PostgreSQL 15 cluster (initdb in a temporary directory, "
+        f"Servers: a throwaway PostgreSQL {(os.environ.get('PG_MAJOR') or '15')} cluster (initdb in a temporary directory, "
         "shared_preload_libraries = 'idempotency,pg_stat_statements', shared_buffers = "
         f"{p['shared_buffers']}, autovacuum off, one CHECKPOINT before the tables are filled "
         "and none during the rounds) and "

@@ -12,7 +12,8 @@ import time
 
 import psycopg2
 
-PG_BIN = "/usr/lib/postgresql/15/bin"
+# test/lib/pg-env exports PG_BINDIR (PG_MAJOR, default 15)
+PG_BIN = os.environ.get("PG_BINDIR") or f"/usr/lib/postgresql/{(os.environ.get('PG_MAJOR') or '15')}/bin"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -37,7 +38,7 @@ def run(cmd, **kw):
 
 
 class PgCluster:
-    """A PostgreSQL 15 cluster made by initdb in workdir, on 127.0.0.1:port."""
+    """A PostgreSQL cluster (PG_BIN's major) made by initdb in workdir, on 127.0.0.1:port."""
 
     def __init__(self, workdir, port, settings):
         self.datadir = os.path.join(workdir, "pgdata")
