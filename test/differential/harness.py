@@ -1,0 +1,356 @@
+"""Run one differential case on one side and capture everything it shows.
+
+A side is one database of the throwaway cluster (idempotency.defer_writes on
+in one, off in the other) and one autocommit connection to it: every step is
+sent as written, so BEGIN/COMMIT in a step are the case's own transaction
+control and a step outside them runs as an implicit transaction.
+
+What a side records for a case (its "observation"):
+  * per step: success or SQLSTATE + message, column names, rows, row count,
+    the command tag, notices and notifications (channel, payload) received;
+  * after the case: idempotency_records, the ledger rows that differ from the
+    starting data, the audit and inbox tables.
+Then normalise() replaces what legitimately differs between two runs: each
+distinct token becomes T1, T2, ... in order of appearance, each distinct
+timestamp becomes TS1, TS2, ... in order of appearance too (so the first
+difference is reported where it happens) and the order of the timestamps'
+values is compared at the end (timestamp_order); the side's own two-phase
+transaction names become d-SIDE-... in error messages.
+"""
+
+import datetime
+import io
+import re
+
+import psycopg2
+import psycopg2.extensions
+
+# Tokens are the clock in microseconds since 2000 (~8.5e14 today); nothing
+# else a case shows is that large.
+TOKEN_MIN = 10 ** 14
+TOKEN_RE = re.compile(r'(?<![\d.])\d{15,17}(?![\d])')
+TS_RE = re.compile(r'\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d(?::?\d\d)?)?')
+TOK_REF_RE = re.compile(r'\{tok:([^}]+)\}')
+GID_RE = re.compile(r'\{gid(?::(\w+))?\}')
+
+STATE_SQL = """
+SELECT json_build_object(
+  'records', (SELECT coalesce(json_agg(json_build_array(tenant_id, key, status, token, fingerprint,
+                response, lease_expires_at, expires_at, created_at, updated_at, ttl)
+                ORDER BY tenant_id, key), '[]') FROM idempotency_records),
+  'ledger_count', (SELECT count(*) FROM ledger),
+  'ledger_changed', (SELECT coalesce(json_agg(json_build_array(id, amount, note) ORDER BY id), '[]')
+                FROM ledger WHERE NOT (id BETWEEN 1 AND %(n)s AND amount = (id * 7919) %% 1000
+                                       AND note IS NULL)),
+  'audit', (SELECT coalesce(json_agg(json_build_array(n, what, info) ORDER BY n), '[]') FROM audit),
+  'inbox', (SELECT coalesce(json_agg(json_build_array(id, tenant, key, amount, outcome, token, seen)
+                ORDER BY id), '[]') FROM inbox))::text
+"""
+
+REC_TRIGGERS = {
+    'notify': "CREATE TRIGGER rec_notify AFTER INSERT OR UPDATE OR DELETE ON idempotency_records "
+              "FOR EACH ROW EXECUTE FUNCTION rec_notify()",
+    'notify_stmt': "CREATE TRIGGER rec_notify_stmt AFTER INSERT OR UPDATE ON idempotency_records "
+                   "FOR EACH ROW EXECUTE FUNCTION rec_notify_stmt()",
+    'count': "CREATE TRIGGER rec_count_rows AFTER INSERT ON idempotency_records "
+             "FOR EACH ROW EXECUTE FUNCTION rec_count_rows()",
+    'deferred': "CREATE CONSTRAINT TRIGGER rec_deferred AFTER INSERT OR UPDATE ON idempotency_records "
+                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION rec_deferred()",
+    'statement': "CREATE TRIGGER rec_statement AFTER INSERT ON idempotency_records "
+                 "REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION rec_statement()",
+    'refuse': "CREATE TRIGGER rec_refuse BEFORE INSERT ON idempotency_records "
+              "FOR EACH ROW EXECUTE FUNCTION rec_refuse()",
+    'touch': "CREATE TRIGGER rec_touch BEFORE INSERT ON idempotency_records "
+             "FOR EACH ROW EXECUTE FUNCTION rec_touch()",
+}
+REC_TRIGGER_NAMES = {'notify': 'rec_notify', 'notify_stmt': 'rec_notify_stmt', 'count': 'rec_count_rows',
+                     'deferred': 'rec_deferred', 'statement': 'rec_statement', 'refuse': 'rec_refuse',
+                     'touch': 'rec_touch'}
+
+STATEMENT_TIMEOUT = '10s'
+
+
+class Step:
+    """One round trip.  kind: 'sql', 'copy_out' (sorted lines) or 'copy_in' (data)."""
+
+    def __init__(self, sql, kind='sql', data=None, cap=None):
+        self.sql = sql
+        self.kind = kind
+        self.data = data
+        self.cap = cap          # store the first row's token under this name
+
+    def ordered(self):
+        """Does the order of the rows mean anything?  Without ORDER BY it is
+        the physical order of a scan, which page pruning (it depends on the
+        oldest snapshot in the whole cluster) may change between the sides;
+        a cursor's FETCH keeps its order (the cases fetch from tables that
+        only had rows inserted)."""
+        u = self.sql.upper()
+        return 'ORDER BY' in u or u.startswith('FETCH')
+
+    def text(self):
+        if self.kind == 'copy_in':
+            return self.sql + ';\n' + self.data + '\\.'
+        return self.sql + ';'
+
+
+class Case:
+    def __init__(self, seed, num, shape, rows=50, rec_triggers=(), steps=None, note=''):
+        self.seed = seed
+        self.num = num
+        self.shape = shape
+        self.rows = rows
+        self.rec_triggers = list(rec_triggers)
+        self.steps = steps or []
+        self.note = note
+
+    @property
+    def cid(self):
+        return '%s:%d' % (self.seed, self.num)
+
+    def sql_text(self):
+        lines = ['-- case %s, shape %s%s' % (self.cid, self.shape, ' (' + self.note + ')' if self.note else ''),
+                 '-- setup: SELECT reset_case(%d);' % self.rows]
+        for t in self.rec_triggers:
+            lines.append('-- setup: ' + REC_TRIGGERS[t] + ';')
+        lines.append("-- {tok:NAME} is the token this side got earlier for NAME; "
+                     "{gid} a two-phase name of this side ('d-on-...' / 'd-off-...')")
+        for i, s in enumerate(self.steps):
+            lines.append('/* %d */ %s' % (i, s.text()))
+        return '\n'.join(lines)
+
+
+class Side:
+    """One database and its connection."""
+
+    def __init__(self, name, dsn, options=None):
+        self.name = name
+        self.dsn = dsn
+        self.options = options
+        self.triggers = set()
+        self.conn = None
+        self.connect()
+
+    def connect(self):
+        kw = {}
+        if self.options:
+            kw['options'] = self.options
+        self.conn = psycopg2.connect(self.dsn, **kw)
+        self.conn.autocommit = True
+        cur = self.conn.cursor()
+        cur.execute("SET statement_timeout = %s", (STATEMENT_TIMEOUT,))
+        cur.execute("LISTEN rec; LISTEN inbox; LISTEN app")
+        cur.execute("SHOW idempotency.defer_writes")
+        self.defer_writes = cur.fetchone()[0]
+        cur.close()
+        # the first reset drops whatever triggers an earlier run left behind
+        self.triggers = set(REC_TRIGGER_NAMES)
+
+    def close(self):
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+
+    def gid(self, case, tag):
+        return 'd-%s-%s-%d-%s' % (self.name, case.seed, case.num, tag or 'a')
+
+    def substitute(self, sql, case, vars_):
+        def tok(m):
+            v = vars_.get(m.group(1))
+            return 'NULL' if v is None else str(v)
+        sql = TOK_REF_RE.sub(tok, sql)
+        return GID_RE.sub(lambda m: "'%s'" % self.gid(case, m.group(1)), sql)
+
+    def _simple(self, sql):
+        cur = self.conn.cursor()
+        cur.execute(sql)
+        rows = cur.fetchall() if cur.description else None
+        cur.close()
+        return rows
+
+    def reset(self, case):
+        parts = ['DROP TRIGGER IF EXISTS %s ON idempotency_records' % REC_TRIGGER_NAMES[t]
+                 for t in sorted(self.triggers)]
+        parts.append('SELECT reset_case(%d)' % case.rows)
+        parts += [REC_TRIGGERS[t] for t in case.rec_triggers]
+        self._simple(';\n'.join(parts))
+        self.triggers = set(case.rec_triggers)
+        del self.conn.notices[:]
+        del self.conn.notifies[:]
+
+    def cleanup(self, case):
+        try:
+            self._simple('ROLLBACK')
+            self._simple('CLOSE ALL; DEALLOCATE ALL; RESET ALL; SET statement_timeout = %r'
+                         % STATEMENT_TIMEOUT)
+            gids = self._simple("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE 'd-%s-%%'" % self.name)
+            for (g,) in gids:
+                self._simple("ROLLBACK PREPARED '%s'" % g)
+        except psycopg2.Error:
+            self.close()
+            self.connect()
+        del self.conn.notices[:]
+        del self.conn.notifies[:]
+
+    def run_step(self, step, case, vars_):
+        sql = self.substitute(step.sql, case, vars_)
+        obs = {}
+        cur = self.conn.cursor()
+        try:
+            if step.kind == 'copy_out':
+                buf = io.StringIO()
+                cur.copy_expert(sql, buf)
+                obs['copy'] = sorted(buf.getvalue().splitlines())
+            elif step.kind == 'copy_in':
+                cur.copy_expert(sql, io.StringIO(step.data))
+            else:
+                cur.execute(sql)
+            obs['ok'] = True
+            if cur.description is not None and step.kind == 'sql':
+                obs['cols'] = [d.name for d in cur.description]
+                rows = [list(r) for r in cur.fetchall()]
+                if step.cap and 'token' in obs['cols'] and rows:
+                    vars_[step.cap] = rows[0][obs['cols'].index('token')]
+                if 'key' in obs['cols'] and 'token' in obs['cols']:
+                    ki, ti = obs['cols'].index('key'), obs['cols'].index('token')
+                    for r in rows:
+                        if r[ti] is not None:
+                            vars_[r[ki]] = r[ti]
+                obs['rows'] = rows
+            obs['rowcount'] = cur.rowcount
+            obs['tag'] = cur.statusmessage
+        except psycopg2.Error as e:
+            obs['ok'] = False
+            obs['sqlstate'] = e.pgcode
+            msg = (e.diag.message_primary if e.diag and e.diag.message_primary else str(e)).strip()
+            obs['error'] = msg.replace('d-%s-' % self.name, 'd-SIDE-')
+            if self.conn.closed:
+                obs['error'] += ' [connection lost]'
+        finally:
+            try:
+                cur.close()
+            except Exception:
+                pass
+        if self.conn.closed:
+            self.connect()
+            obs['reconnected'] = True
+        if self.conn.notices:
+            obs['notices'] = [n.strip() for n in self.conn.notices]
+            del self.conn.notices[:]
+        if self.conn.notifies:
+            obs['notifies'] = [[n.channel, n.payload] for n in self.conn.notifies]
+            del self.conn.notifies[:]
+        return obs
+
+    def run_case(self, case, extra_step=None):
+        """Run the case and return its raw observation.  extra_step (self-test)
+        is run on this side only, after the case's steps."""
+        self.reset(case)
+        vars_ = {}
+        steps_obs = []
+        steps = list(case.steps) + ([extra_step] if extra_step is not None else [])
+        for step in steps:
+            o = self.run_step(step, case, vars_)
+            if 'rows' in o and not step.ordered():
+                o['rows'] = sorted(o['rows'], key=_masked)
+            steps_obs.append(o)
+        self.cleanup(case)
+        state = self._simple(STATE_SQL.replace('%(n)s', str(case.rows)).replace('%%', '%'))[0][0]
+        return {'steps': steps_obs, 'state': state}
+
+
+# ---------------------------------------------------------------------------
+# normalisation
+
+def _masked(row):
+    """A row's sort key with tokens and timestamps blurred (they differ
+    between the sides)."""
+    def m(v):
+        if isinstance(v, bool) or v is None:
+            return repr(v)
+        if isinstance(v, int) and v >= TOKEN_MIN:
+            return 'T'
+        if isinstance(v, datetime.datetime):
+            return 'TS'
+        if isinstance(v, str):
+            return TOKEN_RE.sub('T', TS_RE.sub('TS', v))
+        return repr(v)
+    return repr([m(v) for v in row])
+
+
+def _canon_ts(s):
+    try:
+        s2 = s.replace(' ', 'T')
+        if re.search(r'[+-]\d\d$', s2):
+            s2 += ':00'
+        return datetime.datetime.fromisoformat(s2)
+    except ValueError:
+        return s
+
+
+def _walk(v, f_scalar):
+    if isinstance(v, dict):
+        return {k: _walk(x, f_scalar) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_walk(x, f_scalar) for x in v]
+    return f_scalar(v)
+
+
+def normalise(obs):
+    """Replace tokens and timestamps by stable names (see the module doc)."""
+    import json
+    obs = dict(obs)
+    state = obs.get('state')
+    if isinstance(state, str):
+        obs['state'] = json.loads(state)
+    stamps = {}
+    tokens = {}
+
+    def stamp(t):
+        if t not in stamps:
+            stamps[t] = 'TS%d' % (len(stamps) + 1)
+        return stamps[t]
+
+    def tok(n):
+        if n not in tokens:
+            tokens[n] = 'T%d' % (len(tokens) + 1)
+        return tokens[n]
+
+    def repl(v):
+        if isinstance(v, bool) or v is None:
+            return v
+        if isinstance(v, int):
+            return tok(v) if v >= TOKEN_MIN else v
+        if isinstance(v, datetime.datetime):
+            return stamp(v)
+        if isinstance(v, (datetime.date, datetime.time, datetime.timedelta)):
+            return str(v)
+        if isinstance(v, str):
+            def ts_sub(m):
+                c = _canon_ts(m.group(0))
+                return stamp(c) if isinstance(c, datetime.datetime) else m.group(0)
+            v = TS_RE.sub(ts_sub, v)
+            return TOKEN_RE.sub(lambda m: tok(int(m.group(0))), v)
+        if isinstance(v, float):
+            return v
+        return repr(v)
+    out = _walk(obs, repl)
+    # names follow first appearance (so the first difference is where it
+    # happens); the order of the values is compared once, at the end
+    out['state']['timestamp_order'] = [stamps[t] for t in sorted(stamps)]
+    return out
+
+
+def diff(a, b):
+    """The first place where two normalised observations differ, or None."""
+    sa, sb = a['steps'], b['steps']
+    for i in range(max(len(sa), len(sb))):
+        x = sa[i] if i < len(sa) else None
+        y = sb[i] if i < len(sb) else None
+        if x != y:
+            return 'step %d' % i
+    for k in sorted(set(a['state']) | set(b['state'])):
+        if a['state'].get(k) != b['state'].get(k):
+            return 'final %s' % k
+    return None

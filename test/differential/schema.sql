@@ -1,0 +1,181 @@
+-- The business schema of the differential suite, loaded into both databases
+-- after CREATE EXTENSION idempotency.  Every case starts from reset_case():
+-- empty tables, then the ledger rows the case asks for.
+
+CREATE TABLE ledger (id bigint PRIMARY KEY, amount int NOT NULL, note text);
+
+-- what triggers and data-modifying CTEs record; n orders the rows
+CREATE TABLE audit (n bigserial PRIMARY KEY, what text NOT NULL, info text);
+
+-- a business table whose triggers claim: BEFORE INSERT claims (tenant, key)
+-- and stores the outcome; AFTER INSERT notifies and counts the records
+CREATE TABLE inbox (
+    id      bigint PRIMARY KEY,
+    tenant  text NOT NULL,
+    key     text NOT NULL,
+    amount  int NOT NULL,
+    outcome text,
+    token   bigint,
+    seen    bigint);
+
+-- Empty every table (records included) and fill the ledger with rows 1..n.
+CREATE FUNCTION reset_case(n int) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    TRUNCATE ledger, audit, inbox, idempotency_records RESTART IDENTITY;
+    INSERT INTO ledger SELECT g, (g * 7919) % 1000, NULL FROM generate_series(1, n) g;
+END $$;
+
+-- Readers of the records table, in every flavour a user might write.
+CREATE FUNCTION rec_count_sql_stable(t text) RETURNS bigint
+    LANGUAGE sql STABLE AS $$SELECT count(*) FROM idempotency_records WHERE tenant_id = t$$;
+CREATE FUNCTION rec_count_sql_volatile(t text) RETURNS bigint
+    LANGUAGE sql VOLATILE AS $$SELECT count(*) FROM idempotency_records WHERE tenant_id = t$$;
+CREATE FUNCTION rec_count_plpgsql_stable(t text) RETURNS bigint
+    LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT count(*) FROM idempotency_records WHERE tenant_id = t);
+END $$;
+CREATE FUNCTION rec_count_plpgsql_volatile(t text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN (SELECT count(*) FROM idempotency_records WHERE tenant_id = t);
+END $$;
+-- run by parallel workers under a forced parallel plan
+CREATE FUNCTION rec_count_parallel(t text) RETURNS bigint
+    LANGUAGE sql STABLE PARALLEL SAFE AS $$SELECT count(*) FROM idempotency_records WHERE tenant_id = t$$;
+CREATE FUNCTION rec_status_parallel(t text, k text) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE AS
+    $$SELECT status FROM idempotency_records WHERE tenant_id = t AND key = k$$;
+-- idem_lookup wrapped
+CREATE FUNCTION lookup_status_sql(t text, k text) RETURNS text
+    LANGUAGE sql STABLE AS $$SELECT status FROM idem_lookup(t, k)$$;
+CREATE FUNCTION lookup_status_plpgsql(t text, k text) RETURNS text
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE s text;
+BEGIN
+    SELECT status INTO s FROM idem_lookup(t, k);
+    RETURN coalesce(s, 'none');
+END $$;
+CREATE FUNCTION ledger_count_stable() RETURNS bigint
+    LANGUAGE sql STABLE AS $$SELECT count(*) FROM ledger$$;
+CREATE FUNCTION ledger_count_volatile() RETURNS bigint
+    LANGUAGE plpgsql VOLATILE AS $$BEGIN RETURN (SELECT count(*) FROM ledger); END $$;
+
+-- Claimers inside functions.
+CREATE FUNCTION claim_sql(t text, k text) RETURNS text
+    LANGUAGE sql VOLATILE AS $$SELECT (idem_claim(t, k)).outcome$$;
+-- claim, business write, complete: the whole handler in PL/pgSQL
+CREATE FUNCTION handle(t text, k text, amt int, do_complete boolean) RETURNS text
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE r idem_claim_result;
+BEGIN
+    r := idem_claim(t, k);
+    IF r.outcome = 'claimed' THEN
+        INSERT INTO audit (what, info) VALUES ('handled', k || ' ' || amt);
+        IF do_complete THEN
+            PERFORM idem_complete(t, k, r.token, jsonb_build_object('amt', amt));
+        END IF;
+    END IF;
+    RETURN r.outcome || ' seen=' || (SELECT count(*) FROM idempotency_records WHERE tenant_id = t);
+END $$;
+-- the same inside an exception block (a subtransaction) whose business write
+-- may fail
+CREATE FUNCTION handle_guarded(t text, k text, amt int) RETURNS text
+    LANGUAGE plpgsql VOLATILE AS $$
+DECLARE r idem_claim_result;
+BEGIN
+    BEGIN
+        r := idem_claim(t, k);
+        INSERT INTO audit (what, info) VALUES ('guarded', k || ' ' || (100 / amt));
+        IF r.outcome = 'claimed' THEN
+            PERFORM idem_complete(t, k, r.token, jsonb_build_object('amt', amt));
+        END IF;
+        RETURN r.outcome;
+    EXCEPTION WHEN division_by_zero THEN
+        RETURN 'caught ' || coalesce(r.outcome, '?');
+    END;
+END $$;
+
+-- inbox triggers: a claim per inserted row
+CREATE FUNCTION inbox_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE r idem_claim_result;
+BEGIN
+    r := idem_claim(NEW.tenant, NEW.key);
+    NEW.outcome := r.outcome;
+    NEW.token := r.token;
+    IF r.outcome = 'claimed' AND NEW.amount % 3 = 0 THEN
+        PERFORM idem_complete(NEW.tenant, NEW.key, r.token, jsonb_build_object('amount', NEW.amount));
+        NEW.outcome := 'completed';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER inbox_claim BEFORE INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION inbox_claim();
+
+CREATE FUNCTION inbox_after() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('inbox', NEW.key || ' ' || NEW.outcome);
+    UPDATE inbox SET seen = (SELECT count(*) FROM idempotency_records WHERE tenant_id = NEW.tenant)
+        WHERE id = NEW.id;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER inbox_after AFTER INSERT ON inbox FOR EACH ROW EXECUTE FUNCTION inbox_after();
+
+-- deferred to COMMIT: what the records say about the row's key then
+CREATE FUNCTION inbox_deferred() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO audit (what, info)
+        SELECT 'inbox-deferred', NEW.key || ' ' || coalesce((SELECT status FROM idem_lookup(NEW.tenant, NEW.key)), 'none')
+            || ' ' || (SELECT count(*) FROM idempotency_records WHERE tenant_id = NEW.tenant);
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER inbox_deferred AFTER INSERT ON inbox
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION inbox_deferred();
+
+-- Trigger functions for idempotency_records.  A case creates the triggers it
+-- wants before it starts and drops them afterwards (rec_triggers()).
+CREATE FUNCTION rec_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_notify('rec', TG_OP || ' ' || OLD.key || ' ' || OLD.status);
+    ELSE
+        PERFORM pg_notify('rec', TG_OP || ' ' || NEW.key || ' ' || NEW.status);
+    END IF;
+    RETURN NULL;
+END $$;
+-- the NOTIFY statement (a utility command) rather than pg_notify()
+CREATE FUNCTION rec_notify_stmt() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('NOTIFY rec, %L', TG_OP || ' ' || NEW.key || ' ' || NEW.status);
+    RETURN NULL;
+END $$;
+CREATE FUNCTION rec_count_rows() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO audit (what, info)
+        SELECT 'rec-count', TG_OP || ' ' || NEW.key || ' ' || count(*) || ' '
+                 || count(*) FILTER (WHERE status = 'processing')
+            FROM idempotency_records;
+    RETURN NULL;
+END $$;
+CREATE FUNCTION rec_deferred() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO audit (what, info) VALUES ('rec-deferred', TG_OP || ' ' || NEW.key || ' ' || NEW.status);
+    RETURN NULL;
+END $$;
+CREATE FUNCTION rec_statement() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO audit (what, info)
+        SELECT 'rec-statement', TG_OP || ' ' || count(*) FROM new_rows;
+    RETURN NULL;
+END $$;
+CREATE FUNCTION rec_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.key LIKE '%boom%' THEN
+        RAISE EXCEPTION 'refused key %', NEW.key USING ERRCODE = 'P0001';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE FUNCTION rec_touch() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.fingerprint := coalesce(NEW.fingerprint, 'set-by-trigger');
+    RETURN NEW;
+END $$;

@@ -1,0 +1,720 @@
+"""The statement shapes of the differential suite.
+
+Each shape is a generator: given a seeded random.Random and the case, it
+writes the case's steps (SQL sent one round trip at a time, see harness.py).
+Keys carry the case number; tokens a step needs are written {tok:KEY} and
+taken from that side's own earlier results (a claim step stores its token
+under the key it claimed).
+"""
+
+from harness import Step
+
+# PostgreSQL renamed force_parallel_mode to debug_parallel_query in 16: the
+# one place that knows.
+def force_parallel_setting(server_version_num):
+    return 'force_parallel_mode' if server_version_num < 160000 else 'debug_parallel_query'
+
+
+PARALLEL_GUC = 'force_parallel_mode'     # set by run.py from the server's version
+
+
+def q(s):
+    return "'" + str(s).replace("'", "''") + "'"
+
+
+class G:
+    """What a generator needs: the random source and the case's names."""
+
+    def __init__(self, rng, case):
+        self.r = rng
+        self.case = case
+        self.t = 't%d' % case.num
+        self.steps = []
+        self.rows = 50
+        self.triggers = []
+        self.note = ''
+        self.n_keys = 0
+        self.claimed = []
+
+    # -- plumbing ------------------------------------------------------------
+    def add(self, sql, **kw):
+        self.steps.append(Step(sql, **kw))
+
+    def key(self, prefix='k'):
+        self.n_keys += 1
+        return '%s%d' % (prefix, self.n_keys)
+
+    def chance(self, p):
+        return self.r.random() < p
+
+    # -- the functions ------------------------------------------------------
+    def claim_args(self, k):
+        args = [q(self.t), q(k)]
+        r = self.r.random()
+        if r < 0.2:
+            args.append('fingerprint => %s' % q(self.r.choice(['fa', 'fb'])))
+        elif r < 0.3:
+            args.append('lease => %s' % q(self.r.choice(['10 min', '1 h'])))
+        elif r < 0.35:
+            args.append('ttl => %s' % q('2 h'))
+        return ', '.join(args)
+
+    def claim(self, k):
+        if k not in self.claimed:
+            self.claimed.append(k)
+        self.add('SELECT outcome, token, response, expires_at FROM idem_claim(%s)' % self.claim_args(k),
+                 cap=k)
+
+    def complete(self, k, resp=None):
+        resp = resp or '{"n": %d}' % self.r.randint(1, 99)
+        self.add('SELECT idem_complete(%s, %s, {tok:%s}, %s)' % (q(self.t), q(k), k, q(resp)))
+
+    def release(self, k, failure=None):
+        if failure:
+            self.add('SELECT idem_release(%s, %s, {tok:%s}, %s)' % (q(self.t), q(k), k, q(failure)))
+        else:
+            self.add('SELECT idem_release(%s, %s, {tok:%s})' % (q(self.t), q(k), k))
+
+    def heartbeat(self, k):
+        self.add("SELECT idem_heartbeat(%s, %s, {tok:%s}, '20 min')" % (q(self.t), q(k), k))
+
+    def lookup(self, k):
+        self.add('SELECT status, token, response, fingerprint, lease_expires_at, expires_at, created_at, '
+                 'updated_at FROM idem_lookup(%s, %s)' % (q(self.t), q(k)))
+
+    def forget(self, k):
+        self.add('SELECT idem_forget(%s, %s)' % (q(self.t), q(k)))
+
+    def claim_many(self, keys):
+        self.add('SELECT key, outcome, token, response, expires_at FROM idem_claim_many(%s, ARRAY[%s])'
+                 % (q(self.t), ', '.join(q(k) for k in keys)))
+
+    def read_records(self):
+        self.add('SELECT key, status, token, lease_expires_at, response FROM idempotency_records '
+                 'WHERE tenant_id = %s ORDER BY key' % q(self.t))
+
+    def biz_write(self):
+        r = self.r.random()
+        if r < 0.5:
+            self.add('INSERT INTO ledger VALUES (%d, %d, %s)'
+                     % (self.r.randint(500000, 599999), self.r.randint(1, 999), q('w')))
+        elif r < 0.8:
+            self.add('UPDATE ledger SET amount = amount + 1 WHERE id <= %d' % self.r.randint(1, 10))
+        else:
+            self.add("INSERT INTO audit (what, info) VALUES ('biz', %s)" % q(self.t))
+
+    def settle_any(self, k):
+        r = self.r.random()
+        if r < 0.6:
+            self.complete(k)
+        elif r < 0.75:
+            self.release(k)
+        elif r < 0.9:
+            self.release(k, '{"error": "bad"}')
+        else:
+            self.heartbeat(k)
+
+    def begin(self):
+        self.add(self.r.choice(['BEGIN', 'BEGIN', 'START TRANSACTION', 'BEGIN ISOLATION LEVEL READ COMMITTED']))
+
+    def end(self, allow_2pc=True):
+        r = self.r.random()
+        if r < 0.72:
+            self.add('COMMIT')
+        elif r < 0.86:
+            self.add('ROLLBACK')
+        elif r < 0.92 and allow_2pc:
+            self.add('PREPARE TRANSACTION {gid}')
+            self.add('COMMIT PREPARED {gid}' if self.chance(0.7) else 'ROLLBACK PREPARED {gid}')
+        elif r < 0.96:
+            self.add('SELECT 1 / 0')        # an error: COMMIT then rolls back
+            self.add('COMMIT')
+        else:
+            self.add('SET transaction_read_only = on')
+            self.add('COMMIT')
+
+    def prior(self, keys):
+        """Committed history for some keys: completed, failed, processing with
+        a live lease, or processing with an expired lease (set in the table)."""
+        for k in keys:
+            r = self.r.random()
+            if r < 0.3:
+                self.add('SELECT idem_complete(%s, %s, token, %s) FROM idem_claim(%s, %s)'
+                         % (q(self.t), q(k), q('{"prior": 1}'), q(self.t), q(k)))
+            elif r < 0.45:
+                self.add('SELECT idem_release(%s, %s, token, %s) FROM idem_claim(%s, %s)'
+                         % (q(self.t), q(k), q('{"prior": "failed"}'), q(self.t), q(k)))
+            elif r < 0.7:
+                self.claim(k)               # autocommit: a committed live claim
+            else:
+                self.claim(k)
+                self.add("UPDATE idempotency_records SET expires_at = now() - interval '1 min', "
+                         "lease_expires_at = now() - interval '1 min' WHERE tenant_id = %s AND key = %s"
+                         % (q(self.t), q(k)))
+
+    def ops(self, keys, n, claimed_ok=True):
+        """n random calls on keys: claims, settles, lookups, reads, writes."""
+        for _ in range(n):
+            k = self.r.choice(keys)
+            r = self.r.random()
+            if r < 0.35:
+                self.claim(k)
+            elif r < 0.55:
+                if self.claimed and self.chance(0.85):
+                    k = self.r.choice(self.claimed)
+                self.settle_any(k)
+            elif r < 0.63:
+                self.lookup(k)
+            elif r < 0.70:
+                self.read_records()
+            elif r < 0.80:
+                self.biz_write()
+            elif r < 0.85:
+                self.forget(k)
+            elif r < 0.90:
+                self.claim_many(self.r.sample(keys, min(len(keys), self.r.randint(1, 4))))
+            else:
+                self.add('SELECT %s(%s)' % (self.r.choice(
+                    ['rec_count_sql_stable', 'rec_count_sql_volatile', 'rec_count_plpgsql_stable',
+                     'rec_count_plpgsql_volatile']), q(self.t)))
+
+    def txn(self, keys, n):
+        self.begin()
+        self.ops(keys, n)
+        self.end()
+
+
+# ---------------------------------------------------------------------------
+# shapes
+
+def rows_small(g):
+    return g.r.choice([5, 10, 20, 40, 60])
+
+
+def rows_big(g):
+    return g.r.choice([10, 30, 33, 40, 80, 150, 300, 1000])
+
+
+def shape_where_insert_select(g):
+    """Issue case 1: claims in WHERE of INSERT ... SELECT over the ledger."""
+    g.rows = 1000 if g.chance(0.15) else rows_big(g)
+    if g.chance(0.4):
+        g.prior(['m-%d' % i for i in g.r.sample(range(1, g.rows + 1), min(5, g.rows))])
+    g.begin()
+    if g.chance(0.3):
+        g.claim(g.key())
+    off = g.r.choice([100000, 200000])
+    flt = g.r.choice(['', ' AND id % 2 = 0', ' AND amount > 300'])
+    g.add("INSERT INTO ledger SELECT id + %d, amount FROM ledger WHERE (idem_claim(%s, 'm-' || id)).outcome "
+          "= 'claimed'%s" % (off, q(g.t), flt))
+    g.add('SELECT count(*), sum(amount) FROM ledger')
+    if g.chance(0.5):
+        g.add("SELECT count(*) FILTER (WHERE status = 'processing'), count(*) FROM idempotency_records")
+    g.end()
+    g.add('SELECT count(*) FROM ledger')
+
+
+def shape_where_update_delete(g):
+    """Claims in WHERE of UPDATE and DELETE, with RETURNING."""
+    g.rows = rows_big(g)
+    g.begin()
+    if g.chance(0.5):
+        g.add("UPDATE ledger SET amount = amount + 1, note = 'u' WHERE (idem_claim(%s, 'u-' || id)).outcome "
+              "= 'claimed' RETURNING id, amount" % q(g.t))
+    if g.chance(0.6):
+        g.add("DELETE FROM ledger WHERE id %% 3 = 0 AND (idem_claim(%s, 'd-' || id)).outcome = 'claimed' "
+              "RETURNING id" % q(g.t))
+    g.add("UPDATE ledger SET note = coalesce(note, '') || 'x' WHERE id <= 5 RETURNING id, note")
+    g.add('SELECT count(*), count(note) FROM ledger')
+    g.end()
+
+
+def shape_target_list(g):
+    """Claims in target lists, with STABLE/VOLATILE readers beside them."""
+    g.rows = rows_big(g)
+    n = g.r.randint(1, min(g.rows, 80))
+    reader = g.r.choice(['rec_count_sql_stable(%s)', 'rec_count_sql_volatile(%s)',
+                         'rec_count_plpgsql_stable(%s)', 'rec_count_plpgsql_volatile(%s)',
+                         'ledger_count_stable()', 'ledger_count_volatile()'])
+    reader = reader % q(g.t) if '%s' in reader else reader
+    autocommit = g.chance(0.25)
+    if not autocommit:
+        g.begin()
+    r = g.r.random()
+    if r < 0.4:
+        g.add("SELECT id, (idem_claim(%s, 'k' || id)).outcome, %s AS seen FROM ledger WHERE id <= %d "
+              "ORDER BY id" % (q(g.t), reader, n))
+    elif r < 0.7:
+        g.add("SELECT 'k' || id AS key, (c).outcome, (c).token, %s AS seen FROM "
+              "(SELECT id, idem_claim(%s, 'k' || id) AS c FROM ledger WHERE id <= %d OFFSET 0) s ORDER BY id"
+              % (reader, q(g.t), n))
+    elif r < 0.85:
+        # (f()).* runs the function once per column
+        g.add("SELECT (idem_claim(%s, 'k1')).*" % q(g.t))
+    else:
+        g.add("SELECT claim_sql(%s, 'k' || g), %s FROM generate_series(1, %d) g"
+              % (q(g.t), reader, n))
+    g.add('SELECT %s' % reader)
+    if not autocommit:
+        if g.chance(0.5):
+            g.add("SELECT key, idem_complete(tenant_id, key, token, '{}') FROM idempotency_records "
+                  "WHERE tenant_id = %s AND key LIKE 'k1%%' ORDER BY key" % q(g.t))
+        g.end()
+
+
+def shape_cte_dml(g):
+    """Claims in CTEs with INSERT/UPDATE/DELETE."""
+    g.rows = rows_big(g)
+    n = g.r.randint(1, min(g.rows, 70))
+    g.begin()
+    dml = g.r.choice(['ins', 'upd', 'del', 'all'])
+    parts = ["c AS (SELECT id, idem_claim(%s, 'c' || id) AS r FROM ledger WHERE id <= %d)" % (q(g.t), n)]
+    outs = []
+    if dml in ('ins', 'all'):
+        parts.append("ins AS (INSERT INTO ledger SELECT id + 300000, amount FROM c WHERE (r).outcome = "
+                     "'claimed' RETURNING id)")
+        outs.append('(SELECT count(*) FROM ins) AS inserted')
+    if dml in ('upd', 'all'):
+        parts.append("upd AS (UPDATE ledger SET note = (SELECT (r).outcome FROM c WHERE c.id = ledger.id) "
+                     "WHERE id IN (SELECT id FROM c) RETURNING id)")
+        outs.append('(SELECT count(*) FROM upd) AS updated')
+    if dml in ('del', 'all'):
+        parts.append("del AS (DELETE FROM audit WHERE n > 0 RETURNING n)")
+        outs.append('(SELECT count(*) FROM del) AS deleted')
+    parts.append("a AS (INSERT INTO audit (what, info) SELECT 'cte', (r).outcome FROM c RETURNING n)")
+    outs.append('(SELECT count(*) FROM a) AS audited')
+    outs.append('(SELECT count(*) FROM ledger) AS ledger_rows')
+    outs.append('%s(%s) AS seen' % (g.r.choice(['rec_count_sql_stable', 'rec_count_plpgsql_volatile']),
+                                    q(g.t)))
+    g.add('WITH ' + ',\n     '.join(parts) + '\nSELECT ' + ', '.join(outs))
+    if g.chance(0.5):
+        g.add("WITH m AS (SELECT * FROM idem_claim_many(%s, ARRAY['c1', 'x1', 'x2'])) "
+              "INSERT INTO audit (what, info) SELECT 'many', key || ' ' || outcome FROM m RETURNING info"
+              % q(g.t))
+    g.add('SELECT count(*) FROM ledger')
+    g.end()
+
+
+def shape_cursor(g):
+    """Cursors over claims and over the ledger, fetched after more claims."""
+    g.rows = rows_big(g)
+    hold = g.chance(0.4)
+    n = g.r.randint(5, min(g.rows, 90))
+    g.begin()
+    if g.chance(0.5):
+        g.add("DECLARE c1 NO SCROLL CURSOR%s FOR SELECT id, (idem_claim(%s, 'c' || id)).outcome FROM ledger "
+              "WHERE id <= %d OR id > 400000" % (' WITH HOLD' if hold else '', q(g.t), n))
+    else:
+        g.add("DECLARE c1 NO SCROLL CURSOR%s FOR SELECT id, amount, rec_count_sql_stable(%s) FROM ledger"
+              % (' WITH HOLD' if hold else '', q(g.t)))
+    g.add('FETCH %d FROM c1' % g.r.randint(1, 5))
+    for i in range(g.r.randint(1, 40)):
+        if g.chance(0.3):
+            g.add('INSERT INTO ledger VALUES (%d, 1, %s)' % (400000 + i, q('late')))
+        else:
+            g.claim(g.key('x'))
+    if g.chance(0.3):
+        g.add("SELECT count(*) FROM ledger WHERE (idem_claim(%s, 'y' || id)).outcome = 'claimed' AND id <= 40"
+              % q(g.t))
+    g.add('FETCH %d FROM c1' % g.r.randint(1, 30))
+    if hold:
+        g.end(allow_2pc=False)
+    g.add('FETCH ALL FROM c1')
+    g.add('CLOSE c1')
+    if not hold:
+        g.end()
+
+
+def shape_function_reader(g):
+    """PL/pgSQL and SQL functions (STABLE, VOLATILE) that read the records or
+    call idem_lookup, after claims in the same transaction and statement."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(1, 40))]
+    g.begin()
+    for k in keys:
+        if g.chance(0.8):
+            g.claim(k)
+    k = g.r.choice(keys)
+    for _ in range(g.r.randint(1, 4)):
+        r = g.r.random()
+        if r < 0.3:
+            g.add('SELECT rec_count_sql_stable(%s), rec_count_sql_volatile(%s), rec_count_plpgsql_stable(%s), '
+                  'rec_count_plpgsql_volatile(%s)' % ((q(g.t),) * 4))
+        elif r < 0.5:
+            g.add('SELECT lookup_status_sql(%s, %s), lookup_status_plpgsql(%s, %s)'
+                  % (q(g.t), q(k), q(g.t), q(k)))
+        elif r < 0.7:
+            k2 = g.key()
+            g.add('SELECT (idem_claim(%s, %s)).outcome, rec_count_sql_stable(%s), rec_count_plpgsql_volatile(%s), '
+                  'lookup_status_sql(%s, %s)' % (q(g.t), q(k2), q(g.t), q(g.t), q(g.t), q(k2)))
+        elif r < 0.85:
+            g.add("SELECT g, rec_count_sql_stable(%s) FROM generate_series(1, 3) g "
+                  "WHERE (idem_claim(%s, 'f' || g)).outcome IS NOT NULL" % (q(g.t), q(g.t)))
+        else:
+            g.add("SELECT id, lookup_status_plpgsql(%s, 'k' || id) FROM ledger WHERE id <= 5 ORDER BY id"
+                  % q(g.t))
+    if g.chance(0.5):
+        g.settle_any(g.r.choice(keys))
+        g.add('SELECT rec_count_sql_stable(%s), lookup_status_sql(%s, %s)' % (q(g.t), q(g.t), q(k)))
+    g.end()
+
+
+def shape_function_claimer(g):
+    """Claims inside functions: the handler in PL/pgSQL, an exception block
+    (subtransaction), a SQL function, called per row."""
+    g.rows = rows_small(g)
+    g.begin()
+    n = g.r.randint(1, 40)
+    r = g.r.random()
+    if r < 0.4:
+        g.add("SELECT id, handle(%s, 'h' || (id %% %d), amount, %s) FROM ledger WHERE id <= %d ORDER BY id"
+              % (q(g.t), g.r.randint(2, 50), 'true' if g.chance(0.6) else 'false', min(n, g.rows)))
+    elif r < 0.7:
+        g.add("SELECT g, handle_guarded(%s, 'g' || g, g %% 4) FROM generate_series(1, %d) g"
+              % (q(g.t), n))
+    else:
+        g.add("UPDATE ledger SET note = claim_sql(%s, 's' || (id %% 7)) WHERE id <= %d RETURNING id, note"
+              % (q(g.t), min(n, g.rows)))
+    g.add('SELECT rec_count_sql_stable(%s)' % q(g.t))
+    g.read_records()
+    g.end()
+    g.add("SELECT handle(%s, 'h1', 5, true)" % q(g.t))
+
+
+def shape_trigger_business(g):
+    """Triggers on a business table claim per row (inbox), notify, read the
+    records, and a deferred constraint trigger looks at COMMIT."""
+    g.rows = 5
+    n = g.r.randint(1, 60)
+    dup = g.r.randint(2, 70)
+    autocommit = g.chance(0.2)
+    if not autocommit:
+        g.begin()
+        if g.chance(0.3):
+            g.claim('i1')
+    r = g.r.random()
+    if r < 0.5:
+        g.add("INSERT INTO inbox (id, tenant, key, amount) SELECT g, %s, 'i' || (g %% %d), g FROM "
+              "generate_series(1, %d) g" % (q(g.t), dup, n))
+    elif r < 0.8:
+        lines = ''.join('%d\t%s\ti%d\t%d\n' % (i, g.t, i % dup, i) for i in range(1, n + 1))
+        g.add('COPY inbox (id, tenant, key, amount) FROM STDIN', kind='copy_in', data=lines)
+    else:
+        for i in range(1, min(n, 15) + 1):
+            g.add("INSERT INTO inbox (id, tenant, key, amount) VALUES (%d, %s, 'i%d', %d) RETURNING outcome, seen"
+                  % (i, q(g.t), i % dup, i))
+    g.add('SELECT id, key, outcome, token, seen FROM inbox ORDER BY id')
+    if not autocommit:
+        if g.chance(0.3):
+            g.add('SET CONSTRAINTS ALL IMMEDIATE')
+        g.end()
+
+
+def shape_trigger_records(g):
+    """Triggers on idempotency_records itself: NOTIFY, a row count, deferred
+    constraint triggers, a statement trigger with a transition table, a
+    BEFORE trigger that refuses or changes rows."""
+    g.rows = rows_small(g)
+    g.triggers = sorted(g.r.sample(['notify', 'notify_stmt', 'count', 'deferred', 'statement', 'refuse', 'touch'],
+                                   g.r.randint(1, 3)))
+    g.note = 'triggers ' + ','.join(g.triggers)
+    keys = [g.key() for _ in range(g.r.randint(2, 6))]
+    if 'refuse' in g.triggers and g.chance(0.6):
+        keys.append('boom%d' % g.r.randint(1, 9))
+    if g.chance(0.3):
+        g.prior(keys[:1])
+    for _ in range(g.r.randint(1, 3)):
+        if g.chance(0.15):
+            g.claim(g.r.choice(keys))        # autocommit
+            continue
+        g.begin()
+        for k in g.r.sample(keys, g.r.randint(1, len(keys))):
+            g.claim(k)
+            if g.chance(0.3):
+                g.biz_write()
+            if g.chance(0.6):
+                g.settle_any(k)
+        if g.chance(0.3):
+            g.claim_many(g.r.sample(keys, min(3, len(keys))))
+        if g.chance(0.3):
+            g.read_records()
+        g.end()
+
+
+def shape_update_lookup(g):
+    """UPDATE with an idem_lookup subquery after claims of the same keys."""
+    g.rows = rows_big(g)
+    n = g.r.randint(1, min(g.rows, 60))
+    g.begin()
+    if g.chance(0.5):
+        g.add("SELECT count(*) FROM ledger WHERE id <= %d AND (idem_claim(%s, 'k' || id)).outcome = 'claimed'"
+              % (n, q(g.t)))
+    else:
+        for i in range(1, min(n, 12) + 1):
+            g.claim('k%d' % i)
+    g.add("UPDATE ledger SET note = (SELECT status FROM idem_lookup(%s, 'k' || id)) WHERE id <= %d "
+          "RETURNING id, note" % (q(g.t), n + g.r.randint(0, 5)))
+    if g.chance(0.5):
+        g.add("UPDATE ledger SET amount = amount + 1 WHERE id IN (SELECT id FROM ledger WHERE "
+              "lookup_status_sql(%s, 'k' || id) = 'processing') RETURNING id" % q(g.t))
+    if g.chance(0.5):
+        g.add("UPDATE ledger SET note = 'again' WHERE (idem_claim(%s, 'k' || id)).outcome = 'in_progress' "
+              "AND id <= %d RETURNING id" % (q(g.t), n))
+    g.add("SELECT count(*), count(note) FROM ledger")
+    g.end()
+
+
+def shape_parallel(g):
+    """Forced parallel plans with a PARALLEL SAFE function reading the table."""
+    g.rows = g.r.choice([50, 200, 1000])
+    g.begin()
+    for s in ['max_parallel_workers_per_gather = 2', 'parallel_setup_cost = 0', 'parallel_tuple_cost = 0',
+              'min_parallel_table_scan_size = 0', '%s = %s' % (PARALLEL_GUC, g.r.choice(['on', 'regress'])),
+              'parallel_leader_participation = %s' % g.r.choice(['on', 'off'])]:
+        g.add('SET LOCAL ' + s)
+    keys = [g.key() for _ in range(g.r.randint(1, 40))]
+    for k in keys:
+        g.claim(k)
+    if g.chance(0.3):
+        g.complete(keys[0])
+    for _ in range(g.r.randint(1, 3)):
+        r = g.r.random()
+        if r < 0.4:
+            g.add('SELECT rec_count_parallel(%s)' % q(g.t))
+        elif r < 0.7:
+            g.add('SELECT count(*), min(rec_count_parallel(%s)), max(rec_count_parallel(%s)) FROM ledger'
+                  % (q(g.t), q(g.t)))
+        elif r < 0.85:
+            g.add('SELECT count(*) FROM ledger WHERE rec_status_parallel(%s, %s) IS NOT NULL'
+                  % (q(g.t), q(g.r.choice(keys))))
+        else:
+            g.add('SELECT count(*) FROM idempotency_records WHERE tenant_id = %s' % q(g.t))
+    g.end()
+
+
+def shape_savepoint(g):
+    """Savepoints around claims and completions (ROLLBACK TO, RELEASE)."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(1, 5))]
+    if g.chance(0.3):
+        g.prior(keys[:1])
+    g.begin()
+    depth = 0
+    for _ in range(g.r.randint(3, 14)):
+        r = g.r.random()
+        if r < 0.2:
+            depth += 1
+            g.add('SAVEPOINT s%d' % depth)
+        elif r < 0.3 and depth:
+            g.add('ROLLBACK TO SAVEPOINT s%d' % depth)
+            if g.chance(0.5):
+                g.add('RELEASE SAVEPOINT s%d' % depth)
+                depth -= 1
+        elif r < 0.38 and depth:
+            g.add('RELEASE SAVEPOINT s%d' % depth)
+            depth -= 1
+        else:
+            g.ops(keys, 1)
+    g.read_records()
+    g.end()
+
+
+def shape_prepared(g):
+    """PREPARE/EXECUTE of claims and of set-based claims (generic plans after
+    five executions)."""
+    g.rows = rows_big(g)
+    g.add('PREPARE pc(text, text) AS SELECT outcome, token FROM idem_claim($1, $2)')
+    g.add("PREPARE pw(text, int) AS INSERT INTO ledger SELECT id + 700000 + $2 * 1000, amount FROM ledger "
+          "WHERE id < 200 AND (idem_claim($1, 'p' || $2 || '-' || id)).outcome = 'claimed'")
+    g.add('PREPARE pr(text) AS SELECT count(*) FROM idempotency_records WHERE tenant_id = $1')
+    g.begin()
+    for i in range(g.r.randint(1, 12)):
+        r = g.r.random()
+        if r < 0.55:
+            g.add('EXECUTE pc(%s, %s)' % (q(g.t), q('e%d' % g.r.randint(1, 8))))
+        elif r < 0.7:
+            g.add('EXECUTE pw(%s, %d)' % (q(g.t), i))
+        else:
+            g.add('EXECUTE pr(%s)' % q(g.t))
+    g.add('SELECT count(*) FROM ledger')
+    g.end()
+    g.add('EXECUTE pr(%s)' % q(g.t))
+    g.add('DEALLOCATE ALL')
+
+
+def shape_over_cap(g):
+    """More claims in one transaction than the in-memory cap (32), one per
+    statement or in one statement, then settles and readers."""
+    g.rows = rows_small(g)
+    n = g.r.randint(25, 100)
+    g.begin()
+    keys = ['o%d' % i for i in range(1, n + 1)]
+    if g.chance(0.5):
+        for k in keys:
+            g.claim(k)
+    else:
+        g.add("SELECT 'o' || g AS key, (c).outcome, (c).token FROM (SELECT g, idem_claim(%s, 'o' || g) AS c "
+              "FROM generate_series(1, %d) g OFFSET 0) s ORDER BY g" % (q(g.t), n))
+    for k in g.r.sample(keys, g.r.randint(0, min(10, n))):
+        g.settle_any(k)
+    if g.chance(0.5):
+        g.add('SELECT status, count(*) FROM idempotency_records WHERE tenant_id = %s GROUP BY 1 ORDER BY 1'
+              % q(g.t))
+    if g.chance(0.4):
+        g.lookup(g.r.choice(keys))
+    g.add("SELECT count(*) FROM ledger WHERE (idem_claim(%s, 'o' || id)).outcome = 'claimed'" % q(g.t))
+    g.end()
+
+
+def shape_claim_many_mix(g):
+    """idem_claim_many with repeats and recorded keys, then single claims of
+    the same keys, settles and lookups."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(2, 12))]
+    g.prior(g.r.sample(keys, g.r.randint(0, min(3, len(keys)))))
+    g.begin()
+    if g.chance(0.5):
+        g.claim(keys[0])
+    batch = [g.r.choice(keys) for _ in range(g.r.randint(1, 15))]
+    g.claim_many(batch)
+    g.ops(keys, g.r.randint(1, 8))
+    g.end()
+    if g.chance(0.5):
+        g.claim_many(keys)
+
+
+def shape_settle_mix(g):
+    """Random programs of claim, complete, release (with and without a
+    failure), heartbeat, forget, lookup over a few keys, in and out of
+    transactions, including fenced-off calls that fail."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(1, 5))]
+    g.prior(g.r.sample(keys, g.r.randint(0, len(keys))))
+    for _ in range(g.r.randint(1, 4)):
+        if g.chance(0.25):
+            g.ops(keys, 1)
+        else:
+            g.txn(keys, g.r.randint(1, 10))
+
+
+def shape_copy(g):
+    """COPY of the table (out, after claims) and COPY into a business table."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(1, 35))]
+    g.begin()
+    for k in keys:
+        g.claim(k)
+    if g.chance(0.5):
+        g.complete(keys[0])
+    r = g.r.random()
+    if r < 0.4:
+        g.add('COPY idempotency_records (tenant_id, key, status, token, response, lease_expires_at, expires_at, '
+              'created_at, updated_at) TO STDOUT', kind='copy_out')
+    elif r < 0.7:
+        g.add('COPY (SELECT key, status FROM idempotency_records WHERE tenant_id = %s ORDER BY key) TO STDOUT'
+              % q(g.t), kind='copy_out')
+    else:
+        data = ''.join('%d\t%d\tc\n' % (800000 + i, i) for i in range(g.r.randint(1, 20)))
+        g.add('COPY ledger FROM STDIN', kind='copy_in', data=data)
+    g.add('SELECT count(*) FROM idempotency_records')
+    g.end()
+
+
+def shape_two_phase(g):
+    """PREPARE TRANSACTION / COMMIT PREPARED around claims and completions."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(1, 6))]
+    g.begin()
+    for k in keys:
+        g.claim(k)
+        if g.chance(0.5):
+            g.settle_any(k)
+    g.biz_write()
+    g.add('PREPARE TRANSACTION {gid}')
+    g.claim(g.r.choice(keys))       # the prepared transaction holds the key
+    g.read_records()
+    g.add('COMMIT PREPARED {gid}' if g.chance(0.75) else 'ROLLBACK PREPARED {gid}')
+    g.claim(g.r.choice(keys))
+    g.read_records()
+
+
+def shape_read_only_commit(g):
+    """SET transaction_read_only = on after business writes, before COMMIT;
+    and claims in read-only transactions."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(1, 5))]
+    if g.chance(0.7):
+        g.begin()
+        for k in keys:
+            g.claim(k)
+            g.biz_write()
+            if g.chance(0.4):
+                g.settle_any(k)
+        g.add(g.r.choice(['SET transaction_read_only = on', 'SET LOCAL transaction_read_only = on',
+                          'SET TRANSACTION READ ONLY']))
+        if g.chance(0.3):
+            g.claim(g.key())
+        g.add('COMMIT')
+    else:
+        g.add(g.r.choice(['BEGIN READ ONLY', 'START TRANSACTION READ ONLY']))
+        g.claim(keys[0])
+        g.add('COMMIT')
+    g.read_records()
+
+
+def shape_isolation(g):
+    """REPEATABLE READ and SERIALIZABLE transactions (claims written at once
+    on both sides) mixed with READ COMMITTED ones."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(1, 6))]
+    g.prior(g.r.sample(keys, g.r.randint(0, min(2, len(keys)))))
+    for _ in range(g.r.randint(1, 3)):
+        g.add(g.r.choice(['BEGIN ISOLATION LEVEL REPEATABLE READ', 'BEGIN ISOLATION LEVEL SERIALIZABLE',
+                          'BEGIN']))
+        g.ops(keys, g.r.randint(1, 8))
+        g.end()
+
+
+def shape_autocommit(g):
+    """Claims and settles as implicit transactions, and multi-statement query
+    strings (one implicit transaction for the whole string)."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(1, 5))]
+    for _ in range(g.r.randint(2, 8)):
+        k = g.r.choice(keys)
+        r = g.r.random()
+        if r < 0.5:
+            g.ops(keys, 1)
+        else:
+            tail = g.r.choice([
+                "SELECT idem_complete(%s, %s, (SELECT token FROM idem_lookup(%s, %s)), '{}')",
+                "SELECT idem_release(%s, %s, (SELECT token FROM idem_lookup(%s, %s)))",
+                "SELECT count(*) FROM idempotency_records WHERE tenant_id = %s AND key = %s AND %s <> %s",
+            ]) % (q(g.t), q(k), q(g.t), q(k))
+            g.add("SELECT (idem_claim(%s, %s)).outcome; INSERT INTO audit (what, info) VALUES ('multi', %s); %s"
+                  % (q(g.t), q(k), q(k), tail))
+
+
+SHAPES = [
+    ('where_insert_select', shape_where_insert_select, 6),
+    ('where_update_delete', shape_where_update_delete, 3),
+    ('target_list', shape_target_list, 4),
+    ('cte_dml', shape_cte_dml, 4),
+    ('cursor', shape_cursor, 4),
+    ('function_reader', shape_function_reader, 4),
+    ('function_claimer', shape_function_claimer, 3),
+    ('trigger_business', shape_trigger_business, 4),
+    ('trigger_records', shape_trigger_records, 6),
+    ('update_lookup', shape_update_lookup, 3),
+    ('parallel', shape_parallel, 4),
+    ('savepoint', shape_savepoint, 5),
+    ('prepared', shape_prepared, 3),
+    ('over_cap', shape_over_cap, 3),
+    ('claim_many_mix', shape_claim_many_mix, 4),
+    ('settle_mix', shape_settle_mix, 8),
+    ('copy', shape_copy, 3),
+    ('two_phase', shape_two_phase, 3),
+    ('read_only_commit', shape_read_only_commit, 3),
+    ('isolation', shape_isolation, 4),
+    ('autocommit', shape_autocommit, 4),
+]
