@@ -261,3 +261,126 @@ SELECT pg_catalog.setval('@extschema@.idempotency_tokens'::pg_catalog.regclass,
                                OPERATOR(pg_catalog.*) 1000000::pg_catalog.float8)) AS s;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.idempotency_tokens', '');
 REVOKE ALL ON SEQUENCE @extschema@.idempotency_tokens FROM PUBLIC;
+
+-- ===========================================================================
+-- Section 3: multi-step operations -- recovery points and child keys
+-- (issue 14, lead)
+-- ===========================================================================
+-- A holder stores a recovery point (and optional state) between the phases
+-- of a multi-step operation with idem_checkpoint, in the same transaction as
+-- the phase's business writes.  The next owner of the key (after a takeover,
+-- or a release without failure, which keeps a checkpointed record and hands
+-- it on) receives the last committed point from idem_claim/idem_claim_many
+-- and resumes after it.  idem_child_key gives the stable key a step sends to
+-- a downstream service.  Adding nullable columns without a default rewrites
+-- nothing.
+ALTER TABLE @extschema@.idempotency_records
+    ADD COLUMN recovery_point text,
+    ADD COLUMN state          jsonb;
+COMMENT ON COLUMN @extschema@.idempotency_records.recovery_point IS
+    'the last checkpoint of the key''s holders (idem_checkpoint); a new owner resumes after it';
+
+ALTER TYPE @extschema@.idem_claim_result
+    ADD ATTRIBUTE recovery_point text,
+    ADD ATTRIBUTE state          jsonb;
+
+CREATE FUNCTION @extschema@.idem_checkpoint(
+    tenant_id text,
+    key       text,
+    token     bigint,
+    point     text,
+    state     jsonb DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_checkpoint'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+CREATE FUNCTION @extschema@.idem_child_key(
+    tenant_id text,
+    key       text,
+    step      text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_child_key'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+REVOKE ALL ON FUNCTION
+    @extschema@.idem_checkpoint(text, text, bigint, text, jsonb),
+    @extschema@.idem_child_key(text, text, text)
+FROM PUBLIC;
+
+-- idem_lookup and idem_claim_many gain the two columns too.  Their result
+-- columns are OUT parameters, which only DROP and CREATE can change; the
+-- EXECUTE grants that roles had on them are given back.
+DO $update$
+DECLARE
+    lookup_acl pg_catalog.aclitem[];
+    many_acl   pg_catalog.aclitem[];
+    g          record;
+BEGIN
+    SELECT proacl INTO lookup_acl FROM pg_catalog.pg_proc
+     WHERE oid OPERATOR(pg_catalog.=)
+           '@extschema@.idem_lookup(text, text)'::pg_catalog.regprocedure;
+    SELECT proacl INTO many_acl FROM pg_catalog.pg_proc
+     WHERE oid OPERATOR(pg_catalog.=)
+           '@extschema@.idem_claim_many(text, text[], text[], interval, interval)'::pg_catalog.regprocedure;
+
+    DROP FUNCTION @extschema@.idem_lookup(text, text);
+    CREATE FUNCTION @extschema@.idem_lookup(
+        tenant_id text,
+        key       text,
+        OUT status           text,
+        OUT token            bigint,
+        OUT response         jsonb,
+        OUT fingerprint      text,
+        OUT lease_expires_at timestamptz,
+        OUT expires_at       timestamptz,
+        OUT created_at       timestamptz,
+        OUT updated_at       timestamptz,
+        OUT recovery_point   text,
+        OUT state            jsonb)
+    RETURNS SETOF record
+    AS 'MODULE_PATHNAME', 'idem_lookup'
+    LANGUAGE C STABLE PARALLEL UNSAFE ROWS 1;
+
+    DROP FUNCTION @extschema@.idem_claim_many(text, text[], text[], interval, interval);
+    CREATE FUNCTION @extschema@.idem_claim_many(
+        tenant_id    text,
+        keys         text[],
+        fingerprints text[]   DEFAULT NULL,
+        lease        interval DEFAULT NULL,
+        ttl          interval DEFAULT NULL,
+        OUT key            text,
+        OUT outcome        text,
+        OUT token          bigint,
+        OUT response       jsonb,
+        OUT expires_at     timestamptz,
+        OUT recovery_point text,
+        OUT state          jsonb)
+    RETURNS SETOF record
+    AS 'MODULE_PATHNAME', 'idem_claim_many'
+    LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+    REVOKE ALL ON FUNCTION
+        @extschema@.idem_lookup(text, text),
+        @extschema@.idem_claim_many(text, text[], text[], interval, interval)
+    FROM PUBLIC;
+
+    FOR g IN SELECT a.grantee, a.is_grantable
+               FROM pg_catalog.aclexplode(lookup_acl) a
+              WHERE a.grantee OPERATOR(pg_catalog.<>) 0
+    LOOP
+        EXECUTE pg_catalog.format(
+            'GRANT EXECUTE ON FUNCTION @extschema@.idem_lookup(text, text) TO %I%s',
+            pg_catalog.pg_get_userbyid(g.grantee),
+            CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+    FOR g IN SELECT a.grantee, a.is_grantable
+               FROM pg_catalog.aclexplode(many_acl) a
+              WHERE a.grantee OPERATOR(pg_catalog.<>) 0
+    LOOP
+        EXECUTE pg_catalog.format(
+            'GRANT EXECUTE ON FUNCTION @extschema@.idem_claim_many(text, text[], text[], interval, interval) TO %I%s',
+            pg_catalog.pg_get_userbyid(g.grantee),
+            CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+END
+$update$;

@@ -8,7 +8,8 @@ WHERE e.extname = 'idempotency';
 -- the records table is registered so that pg_dump keeps its rows
 SELECT c.relname
 FROM pg_extension e, unnest(e.extconfig) AS cfg(oid) JOIN pg_class c ON c.oid = cfg.oid
-WHERE e.extname = 'idempotency';
+WHERE e.extname = 'idempotency'
+ORDER BY c.relname;
 
 -- the table's shape
 SELECT attname, format_type(atttypid, atttypmod) AS type, attnotnull,

@@ -24,6 +24,7 @@
 #include "storage/latch.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
+#include "utils/typcache.h"
 #include "utils/wait_event.h"
 
 #include "idempotency.h"
@@ -247,7 +248,7 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 
 		if (!found)
 		{
-			int64		token = idem_next_token(now, 0);
+			int64		token = idem_fresh_token(now);
 			TimestampTz lease_end = idem_add_duration(now, args->lease_us, "lease");
 
 			if (defer)
@@ -285,7 +286,7 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 		{
 			bool		new_lifetime = rec.status != IDEM_PROCESSING;
 			TimestampTz lease_end = idem_add_duration(now, args->lease_us, "lease");
-			int64		token = idem_next_token(now, rec.token);
+			int64		token = idem_successor_token(now, rec.token);
 
 			if (idem_store_take_over(k, rec.token, token, args->fingerprint,
 									 new_lifetime, now, lease_end, args->ttl_us))
@@ -296,6 +297,12 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 				res->expires_at = lease_end;
 				res->expires_at_isnull = false;
 				res->took_over = !new_lifetime;
+				/* resume where the last holder's checkpoint says */
+				if (!new_lifetime)
+				{
+					res->recovery_point = rec.recovery_point;
+					res->state = rec.state;
+				}
 				break;
 			}
 		}
@@ -316,11 +323,13 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 }
 
 /*
- * The (outcome, token, response, expires_at) columns of a claim's result,
- * shared by idem_claim and idem_claim_many.
+ * The (outcome, token, response, expires_at, recovery_point, state)
+ * columns of a claim's result, shared by idem_claim and idem_claim_many:
+ * the first four with the 1.0 objects, all six from 1.1 on.
  */
 void
-idem_claim_result_columns(const IdemClaimResult *res, Datum *values, bool *nulls)
+idem_claim_result_columns(const IdemClaimResult *res, Datum *values, bool *nulls,
+						  int ncolumns)
 {
 	values[0] = CStringGetTextDatum(idem_outcome_name(res->outcome));
 	nulls[0] = false;
@@ -330,6 +339,12 @@ idem_claim_result_columns(const IdemClaimResult *res, Datum *values, bool *nulls
 	nulls[2] = res->response_isnull;
 	values[3] = TimestampTzGetDatum(res->expires_at);
 	nulls[3] = res->expires_at_isnull;
+	if (ncolumns < 6)
+		return;
+	values[4] = PointerGetDatum(res->recovery_point);
+	nulls[4] = res->recovery_point == NULL;
+	values[5] = res->state;
+	nulls[5] = res->state == (Datum) 0;
 }
 
 /*
@@ -353,28 +368,67 @@ idem_claim_args(FunctionCallInfo fcinfo, int lease_arg, int ttl_arg,
 /*
  * The descriptor of idem_claim's result row, built once per backend (an
  * FmgrInfo, and so fn_extra, lasts only one execution of a prepared
- * statement) and again if the function is created anew.
+ * statement), and again if the function is created anew or its row type
+ * changes (ALTER EXTENSION idempotency UPDATE adds two columns).
  */
 static TupleDesc
 claim_result_desc(FunctionCallInfo fcinfo)
 {
 	static TupleDesc desc = NULL;
 	static Oid	desc_fn_oid = InvalidOid;
+	static Oid	desc_type = InvalidOid;
+	static uint64 desc_identifier = 0;
+	TypeCacheEntry *type;
 	TupleDesc	built;
 	MemoryContext old;
 
 	if (desc != NULL && desc_fn_oid == fcinfo->flinfo->fn_oid)
-		return desc;
+	{
+		type = lookup_type_cache(desc_type, TYPECACHE_TUPDESC);
+		if (type->tupDesc_identifier == desc_identifier)
+			return desc;
+	}
 
-	if (get_call_result_type(fcinfo, NULL, &built) != TYPEFUNC_COMPOSITE)
+	if (get_call_result_type(fcinfo, &desc_type, &built) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "idem_claim must return a composite type");
+	type = lookup_type_cache(desc_type, TYPECACHE_TUPDESC);
 	old = MemoryContextSwitchTo(TopMemoryContext);
 	if (desc != NULL)
 		FreeTupleDesc(desc);
 	desc = BlessTupleDesc(CreateTupleDescCopy(built));
 	desc_fn_oid = fcinfo->flinfo->fn_oid;
+	desc_identifier = type->tupDesc_identifier;
 	MemoryContextSwitchTo(old);
 	return desc;
+}
+
+/*
+ * A query planned before ALTER EXTENSION idempotency UPDATE added the two
+ * recovery point columns to idem_claim's row type still expects the four of
+ * 1.0 (in FROM, where it says so): give it those, as an anonymous record
+ * (a row of the named type would be read with the type's new columns).
+ */
+static TupleDesc
+row_expected_by_caller(FunctionCallInfo fcinfo, TupleDesc desc)
+{
+	static TupleDesc four_columns = NULL;
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	MemoryContext old;
+
+	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
+		rsinfo->expectedDesc == NULL ||
+		rsinfo->expectedDesc->natts >= desc->natts || desc->natts < 4)
+		return desc;
+	if (four_columns == NULL)
+	{
+		old = MemoryContextSwitchTo(TopMemoryContext);
+		four_columns = CreateTemplateTupleDesc(4);
+		for (int i = 0; i < 4; i++)
+			TupleDescCopyEntry(four_columns, i + 1, desc, i + 1);
+		four_columns = BlessTupleDesc(four_columns);
+		MemoryContextSwitchTo(old);
+	}
+	return four_columns;
 }
 
 /*
@@ -388,8 +442,8 @@ idem_claim(PG_FUNCTION_ARGS)
 	IdemClaimArgs args;
 	IdemClaimResult res;
 	TupleDesc	desc;
-	Datum		values[4];
-	bool		nulls[4];
+	Datum		values[6];
+	bool		nulls[6];
 	MemoryContext caller = CurrentMemoryContext;
 	MemoryContext old;
 	Datum		result;
@@ -400,15 +454,20 @@ idem_claim(PG_FUNCTION_ARGS)
 	idem_claim_args(fcinfo, 3, 4, 5, &args);
 	args.may_defer = true;
 
-	desc = claim_result_desc(fcinfo);
 
 	idem_store_begin(fcinfo);
 	idem_claim_one(&k, &args, &res);
 	idem_stats_count_claim(&res);
 
+	/*
+	 * The row type now, not when the call began: the claim may have waited
+	 * for ALTER EXTENSION idempotency UPDATE to commit a new one.
+	 */
+	desc = row_expected_by_caller(fcinfo, claim_result_desc(fcinfo));
+
 	/* the response points into SPI memory: build the row before letting go */
 	old = MemoryContextSwitchTo(caller);
-	idem_claim_result_columns(&res, values, nulls);
+	idem_claim_result_columns(&res, values, nulls, Min(desc->natts, 6));
 	result = HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
 	MemoryContextSwitchTo(old);
 	idem_store_end();

@@ -308,8 +308,9 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	fresh_fps = palloc(sizeof(text *) * Max(nkeys, 1));
 	fresh_tokens = palloc(sizeof(Datum) * Max(nkeys, 1));
 
-	/* keys this transaction claimed one by one are written first */
-	idem_pending_write_all(NULL, false);
+	/* held claims: written before this statement started (readers.c), or
+	 * now, when it is called outside any statement (a PL/pgSQL expression) */
+	idem_pending_write_all(NULL, idem_readers_outside_statement());
 	idem_store_begin(fcinfo);
 
 	/*
@@ -326,7 +327,7 @@ idem_claim_many(PG_FUNCTION_ARGS)
 			idem_keylock_acquire(&bk->k, 0) == IDEM_KEYLOCK_BUSY)
 			continue;
 		bk->locked = true;
-		bk->token = idem_next_token(now, 0);
+		bk->token = idem_fresh_token(now);
 		fresh_keys[nfresh] = bk->k.key;
 		fresh_fps[nfresh] = bk->fingerprint;
 		fresh_tokens[nfresh] = Int64GetDatum(bk->token);
@@ -392,8 +393,8 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	for (int i = 0; i < nkeys; i++)
 	{
 		BatchKey   *bk = &batch.keys[i];
-		Datum		values[5];
-		bool		nulls[5];
+		Datum		values[7];
+		bool		nulls[7];
 
 		args.fingerprint = bk->fingerprint;
 		if (bk->first == i && bk->inserted)
@@ -416,7 +417,8 @@ idem_claim_many(PG_FUNCTION_ARGS)
 
 		values[0] = PointerGetDatum(bk->k.key);
 		nulls[0] = false;
-		idem_claim_result_columns(&bk->res, values + 1, nulls + 1);
+		idem_claim_result_columns(&bk->res, values + 1, nulls + 1,
+								  Min(rsinfo->setDesc->natts, 7) - 1);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	idem_store_end();

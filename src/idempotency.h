@@ -15,7 +15,8 @@
  *	 subxact.c		one step in a subtransaction, expected errors swallowed
  *	 claim.c		idem_claim
  *	 claim_many.c	idem_claim_many (a consumer's batch in one statement)
- *	 settle.c		idem_complete, idem_release, idem_heartbeat (fenced by token)
+ *	 settle.c		idem_complete, idem_release, idem_heartbeat, idem_checkpoint (fenced by token)
+ *	 child_key.c	idem_child_key, stable keys for downstream calls
  *	 lookup.c		idem_lookup, idem_forget
  *	 sweep.c		idem_sweep and the batch the background worker reuses
  *	 worker.c		the sweeper: a launcher and short-lived per-database workers
@@ -118,6 +119,8 @@ typedef struct IdemRecord
 	TimestampTz created_at;
 	TimestampTz updated_at;
 	TransactionId xmin;			/* to recognise our own transaction's claim */
+	text	   *recovery_point; /* NULL: no checkpoint (or the 1.0 objects) */
+	Datum		state;			/* 0: none */
 } IdemRecord;
 
 /* What a fenced write (complete/release/heartbeat) needs. */
@@ -153,7 +156,8 @@ extern void idem_store_write_once(const IdemKey *k, text *fingerprint,
 								  TimestampTz now,
 								  TimestampTz lease_expires_at, int64 ttl_us,
 								  IdemStatus status, Datum response,
-								  bool response_isnull);
+								  bool response_isnull, text *recovery_point,
+								  Datum state);
 extern bool idem_store_take_over(const IdemKey *k, int64 old_token,
 								 int64 new_token, text *fingerprint,
 								 bool new_lifetime, TimestampTz now,
@@ -163,7 +167,11 @@ extern bool idem_store_fail_stale(const IdemKey *k, int64 old_token,
 extern bool idem_store_finish(const IdemKey *k, int64 token, IdemStatus status,
 							  Datum response, bool response_isnull,
 							  TimestampTz now);
-extern bool idem_store_delete_claim(const IdemKey *k, int64 token);
+extern bool idem_store_release(const IdemKey *k, int64 token,
+							   int64 new_token, TimestampTz now);
+extern bool idem_store_checkpoint(const IdemKey *k, int64 token, text *point,
+								  Datum state, TimestampTz now);
+extern bool idem_store_has_checkpoints(void);
 extern bool idem_store_extend_lease(const IdemKey *k, int64 token,
 									TimestampTz now,
 									TimestampTz lease_expires_at);
@@ -171,6 +179,7 @@ extern bool idem_store_forget(const IdemKey *k);
 
 /* the table's shape (table_shape.c) */
 extern void idem_check_table_shape(Oid table);
+extern bool idem_table_has_checkpoints(Oid table);
 extern void idem_check_result_shape(Oid table, TupleDesc desc,
 									const Oid *types, int n);
 
@@ -242,6 +251,8 @@ typedef struct IdemPendingClaim
 	TimestampTz updated_at;
 	TimestampTz lease_expires_at;
 	int64		ttl_us;
+	text	   *recovery_point; /* NULL: no checkpoint yet */
+	Datum		state;			/* 0: none */
 	SubTransactionId settled_in;	/* written or dropped in this subxact */
 } IdemPendingClaim;
 
@@ -254,8 +265,11 @@ extern void idem_pending_add(const IdemKey *k, text *fingerprint, int64 token,
 extern void idem_pending_write(IdemPendingClaim *p, IdemStatus status,
 							   Datum response, bool response_isnull,
 							   TimestampTz now);
-extern void idem_pending_write_lease(IdemPendingClaim *p, TimestampTz now,
-									 TimestampTz lease_expires_at);
+extern void idem_pending_heartbeat(IdemPendingClaim *p, TimestampTz now,
+								   TimestampTz lease_expires_at);
+extern void idem_pending_checkpoint(IdemPendingClaim *p, text *point,
+									Datum state, TimestampTz now);
+extern void idem_pending_release(IdemPendingClaim *p, TimestampTz now);
 extern void idem_pending_settle(IdemPendingClaim *p);
 extern void idem_pending_write_all(Snapshot snapshot, bool advance_active);
 
@@ -263,6 +277,7 @@ extern void idem_pending_write_all(Snapshot snapshot, bool advance_active);
 
 extern void idem_readers_init(void);
 extern bool idem_readers_allow_holding(void);
+extern bool idem_readers_outside_statement(void);
 
 /* ---------- claiming (claim.c) ---------- */
 
@@ -293,6 +308,8 @@ typedef struct IdemClaimResult
 	bool		response_isnull;
 	TimestampTz expires_at;		/* lease end, or retention end */
 	bool		expires_at_isnull;
+	text	   *recovery_point; /* claimed after a holder's checkpoint, else NULL */
+	Datum		state;			/* its state, 0: none */
 	bool		took_over;		/* claimed a stale claim (for statistics) */
 	bool		stale_failed;	/* turned a stale claim into failed */
 } IdemClaimResult;
@@ -305,13 +322,14 @@ extern bool idem_claim_decide(const IdemRecord *rec, const IdemClaimArgs *args,
 							  TimestampTz now, IdemClaimResult *res);
 extern const char *idem_outcome_name(IdemOutcome outcome);
 extern void idem_claim_result_columns(const IdemClaimResult *res,
-									  Datum *values, bool *nulls);
+									  Datum *values, bool *nulls, int ncolumns);
 
 /* ---------- fencing tokens (tokens.c) ---------- */
 
 extern void idem_tokens_request_shmem(void);
-extern int64 idem_next_tokens(TimestampTz now, int n, int64 above);
-extern int64 idem_next_token(TimestampTz now, int64 above);
+extern int64 idem_fresh_tokens(TimestampTz now, int n);
+extern int64 idem_fresh_token(TimestampTz now);
+extern int64 idem_successor_token(TimestampTz now, int64 old);
 
 /* ---------- statistics in shared memory (stats.c) ---------- */
 

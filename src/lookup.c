@@ -15,7 +15,8 @@ PG_FUNCTION_INFO_V1(idem_forget);
 
 /*
  * idem_lookup(tenant_id, key) RETURNS SETOF (status, token, response,
- *		fingerprint, lease_expires_at, expires_at, created_at, updated_at)
+ *		fingerprint, lease_expires_at, expires_at, created_at, updated_at,
+ *		recovery_point, state); the last two from 1.1 on
  *
  * Zero or one row, exactly as stored: an expired record is shown until the
  * sweeper removes it (compare expires_at with now()).  Read-only.
@@ -32,12 +33,14 @@ idem_lookup(PG_FUNCTION_ARGS)
 
 	InitMaterializedSRF(fcinfo, 0);
 
-	idem_pending_write_all(NULL, false);
+	/* held claims: written before this statement started (readers.c), or
+	 * now, when it is called outside any statement (a PL/pgSQL expression) */
+	idem_pending_write_all(NULL, idem_readers_outside_statement());
 	idem_store_begin(fcinfo);
 	if (idem_store_read(&k, &rec, false))
 	{
-		Datum		values[8];
-		bool		nulls[8] = {false};
+		Datum		values[10];
+		bool		nulls[10] = {false};
 
 		values[0] = CStringGetTextDatum(idem_status_name(rec.status));
 		values[1] = Int64GetDatum(rec.token);
@@ -50,6 +53,11 @@ idem_lookup(PG_FUNCTION_ARGS)
 		values[5] = TimestampTzGetDatum(rec.expires_at);
 		values[6] = TimestampTzGetDatum(rec.created_at);
 		values[7] = TimestampTzGetDatum(rec.updated_at);
+		/* from 1.1 on: the last recovery point and its state */
+		values[8] = PointerGetDatum(rec.recovery_point);
+		nulls[8] = rec.recovery_point == NULL;
+		values[9] = rec.state;
+		nulls[9] = rec.state == (Datum) 0;
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	idem_store_end();
@@ -73,7 +81,9 @@ idem_forget(PG_FUNCTION_ARGS)
 	k.tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
 	k.key = idem_arg_identifier(fcinfo, 1, "key", true);
 
-	idem_pending_write_all(NULL, false);
+	/* held claims: written before this statement started (readers.c), or
+	 * now, when it is called outside any statement (a PL/pgSQL expression) */
+	idem_pending_write_all(NULL, idem_readers_outside_statement());
 	idem_store_begin(fcinfo);
 	idem_keylock_hold(&k);
 	removed = idem_store_forget(&k);

@@ -78,6 +78,10 @@ remove_entry(int i)
 	pfree(p->key);
 	if (p->fingerprint != NULL)
 		pfree(p->fingerprint);
+	if (p->recovery_point != NULL)
+		pfree(p->recovery_point);
+	if (p->state != (Datum) 0)
+		pfree(DatumGetPointer(p->state));
 	pending[i] = pending[--pending_used];
 }
 
@@ -185,6 +189,8 @@ idem_pending_add(const IdemKey *k, text *fingerprint, int64 token,
 	p->updated_at = now;
 	p->lease_expires_at = lease_expires_at;
 	p->ttl_us = ttl_us;
+	p->recovery_point = NULL;
+	p->state = (Datum) 0;
 	p->settled_in = InvalidSubTransactionId;
 }
 
@@ -200,10 +206,32 @@ report_lost_claim(const IdemPendingClaim *p)
 			 errhint("This transaction is rolled back; the key's outcome belongs to the other record.")));
 }
 
+/* The values a held claim's record is written with. */
+typedef struct RecordValues
+{
+	int64		token;
+	TimestampTz updated_at;
+	TimestampTz lease_expires_at;
+	text	   *recovery_point;
+	Datum		state;
+} RecordValues;
+
+static void
+values_of(const IdemPendingClaim *p, RecordValues *v)
+{
+	v->token = p->token;
+	v->updated_at = p->updated_at;
+	v->lease_expires_at = p->lease_expires_at;
+	v->recovery_point = p->recovery_point;
+	v->state = p->state;
+}
+
 /*
- * Write one held claim as a record: processing (status IDEM_PROCESSING,
- * response ignored, the lease and updated_at of its last heartbeat) or
- * finished now.  Runs as the user who claimed.
+ * Write a held claim's record with values v: processing (status
+ * IDEM_PROCESSING, response ignored) or finished now.  Runs as the user who
+ * claimed.  The claim is then settled: for good at the top level, until its
+ * subtransaction ends otherwise (a rollback makes it held again, with its
+ * own values).
  *
  * The INSERT has no ON CONFLICT (it skips the speculative insertion's
  * extra index probe and WAL record): the key lock is held and the key was
@@ -211,14 +239,15 @@ report_lost_claim(const IdemPendingClaim *p)
  * the lock.  Its unique violation never reaches the caller: it becomes the
  * lost-claim error, and the transaction rolls back either way.
  */
-void
-idem_pending_write(IdemPendingClaim *p, IdemStatus status, Datum response,
-				   bool response_isnull, TimestampTz now)
+static void
+write_record(IdemPendingClaim *p, const RecordValues *v, IdemStatus status,
+			 Datum response, bool response_isnull, TimestampTz now)
 {
 	MemoryContext caller_context = CurrentMemoryContext;
 	Oid			save_userid;
 	int			save_sec_context;
 	IdemKey		k = {p->tenant_id, p->key};
+	bool		processing = status == IDEM_PROCESSING;
 
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
 	if (save_userid != p->userid)
@@ -227,14 +256,12 @@ idem_pending_write(IdemPendingClaim *p, IdemStatus status, Datum response,
 	PG_TRY();
 	{
 		idem_store_begin_in_schema(p->schema);
-		if (status == IDEM_PROCESSING)
-			idem_store_write_once(&k, p->fingerprint, p->token, p->created_at,
-								  p->updated_at, p->lease_expires_at, p->ttl_us,
-								  status, (Datum) 0, true);
-		else
-			idem_store_write_once(&k, p->fingerprint, p->token, p->created_at,
-								  now, p->lease_expires_at, p->ttl_us,
-								  status, response, response_isnull);
+		idem_store_write_once(&k, p->fingerprint, v->token, p->created_at,
+							  processing ? v->updated_at : now,
+							  v->lease_expires_at, p->ttl_us, status,
+							  processing ? (Datum) 0 : response,
+							  processing ? true : response_isnull,
+							  v->recovery_point, v->state);
 		idem_store_end();
 	}
 	PG_CATCH();
@@ -256,30 +283,99 @@ idem_pending_write(IdemPendingClaim *p, IdemStatus status, Datum response,
 	idem_pending_settle(p);
 }
 
+/* Write a held claim's record as it stands, processing or finished now. */
+void
+idem_pending_write(IdemPendingClaim *p, IdemStatus status, Datum response,
+				   bool response_isnull, TimestampTz now)
+{
+	RecordValues v;
+
+	values_of(p, &v);
+	write_record(p, &v, status, response, response_isnull, now);
+}
+
 /*
- * Write one held claim as processing with a new lease, in a subtransaction
- * (a heartbeat there): if the subtransaction rolls back, so does the write,
- * and the claim is held again with its old lease.
+ * Extend a held claim's lease: in memory at the top level; written as
+ * processing with the new lease in a subtransaction, which could roll the
+ * new lease back.
  */
 void
-idem_pending_write_lease(IdemPendingClaim *p, TimestampTz now,
-						 TimestampTz lease_expires_at)
+idem_pending_heartbeat(IdemPendingClaim *p, TimestampTz now,
+					   TimestampTz lease_expires_at)
 {
-	TimestampTz old_lease = p->lease_expires_at;
-	TimestampTz old_updated = p->updated_at;
+	RecordValues v;
 
-	p->lease_expires_at = lease_expires_at;
-	p->updated_at = now;
-	PG_TRY();
+	if (GetCurrentSubTransactionId() == TopSubTransactionId)
 	{
-		idem_pending_write(p, IDEM_PROCESSING, (Datum) 0, true, now);
+		p->lease_expires_at = lease_expires_at;
+		p->updated_at = now;
+		return;
 	}
-	PG_FINALLY();
+	values_of(p, &v);
+	v.lease_expires_at = lease_expires_at;
+	v.updated_at = now;
+	write_record(p, &v, IDEM_PROCESSING, (Datum) 0, true, now);
+}
+
+/* A copy of a varlena in the held claims' context. */
+static Datum
+held_copy(Datum value)
+{
+	MemoryContext old = MemoryContextSwitchTo(pending_context);
+	Datum		copy = PointerGetDatum(PG_DETOAST_DATUM_COPY(value));
+
+	MemoryContextSwitchTo(old);
+	return copy;
+}
+
+/*
+ * Store a recovery point (and state, 0 for none) on a held claim: in
+ * memory at the top level, written as processing in a subtransaction.
+ */
+void
+idem_pending_checkpoint(IdemPendingClaim *p, text *point, Datum state,
+						TimestampTz now)
+{
+	RecordValues v;
+
+	if (GetCurrentSubTransactionId() == TopSubTransactionId)
 	{
-		p->lease_expires_at = old_lease;
-		p->updated_at = old_updated;
+		if (p->recovery_point != NULL)
+			pfree(p->recovery_point);
+		if (p->state != (Datum) 0)
+			pfree(DatumGetPointer(p->state));
+		p->recovery_point = (text *) DatumGetPointer(held_copy(PointerGetDatum(point)));
+		p->state = state ? held_copy(state) : (Datum) 0;
+		p->updated_at = now;
+		return;
 	}
-	PG_END_TRY();
+	values_of(p, &v);
+	v.recovery_point = point;
+	v.state = state;
+	v.updated_at = now;
+	write_record(p, &v, IDEM_PROCESSING, (Datum) 0, true, now);
+}
+
+/*
+ * Release a held claim without a failure.  Without a recovery point there
+ * is nothing to write.  With one, the record is written to be handed on,
+ * as a written claim's is (store.c): its lease ends now, under a new token.
+ */
+void
+idem_pending_release(IdemPendingClaim *p, TimestampTz now)
+{
+	RecordValues v;
+
+	if (p->recovery_point == NULL)
+	{
+		idem_pending_settle(p);
+		return;
+	}
+	values_of(p, &v);
+	v.token = idem_successor_token(now, p->token);
+	v.lease_expires_at = now;
+	v.updated_at = now;
+	write_record(p, &v, IDEM_PROCESSING, (Datum) 0, true, now);
 }
 
 /*

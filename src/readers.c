@@ -103,6 +103,7 @@ static const Oid quiet_triggers[] = {
 /* Our functions that touch only the key they are given. */
 static const char *const quiet_own_functions[] = {
 	"idem_claim", "idem_complete", "idem_release", "idem_heartbeat",
+	"idem_checkpoint", "idem_child_key",
 };
 
 /*
@@ -407,6 +408,17 @@ bool
 idem_readers_allow_holding(void)
 {
 	return explicit_block && open_readers == NIL;
+}
+
+/*
+ * Is no statement running?  Then the active snapshot, if any, belongs to no
+ * statement that has read anything (a PL/pgSQL simple expression's, or a
+ * utility command's), and may be advanced past held claims written now.
+ */
+bool
+idem_readers_outside_statement(void)
+{
+	return executor_depth == 0;
 }
 
 static void

@@ -1,7 +1,7 @@
 /*
  * settle.c
- *		The fenced writes of a claim holder: idem_complete, idem_release and
- *		idem_heartbeat.
+ *		The fenced writes of a claim holder: idem_complete, idem_release,
+ *		idem_heartbeat and idem_checkpoint.
  *
  * Each one names the token its claim returned and succeeds only while that
  * token is the record's current token and the record is still processing.
@@ -19,6 +19,7 @@
 PG_FUNCTION_INFO_V1(idem_complete);
 PG_FUNCTION_INFO_V1(idem_release);
 PG_FUNCTION_INFO_V1(idem_heartbeat);
+PG_FUNCTION_INFO_V1(idem_checkpoint);
 
 /* A token that is not the key's current token. */
 static void
@@ -167,19 +168,20 @@ idem_release(PG_FUNCTION_ARGS)
 	pending = pending_claim(&k, token, "release");
 	if (pending != NULL)
 	{
-		/* nothing was written: forgetting the claim is the release */
 		if (failure_isnull)
-			idem_pending_settle(pending);
+			idem_pending_release(pending, GetCurrentTimestamp());
 		else
 			idem_pending_write(pending, IDEM_FAILED, failure, false,
 							   GetCurrentTimestamp());
 	}
 	else
 	{
+		TimestampTz now = GetCurrentTimestamp();
+
 		idem_store_begin(fcinfo);
 		idem_keylock_hold(&k);
 		if (failure_isnull)
-			done = idem_store_delete_claim(&k, token);
+			done = idem_store_release(&k, token, idem_successor_token(now, token), now);
 		else
 			done = idem_store_finish(&k, token, IDEM_FAILED, failure, false,
 									 GetCurrentTimestamp());
@@ -216,16 +218,8 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	lease_end = idem_add_duration(now, lease_us, "lease");
 
 	pending = pending_claim(&k, token, "heartbeat");
-	if (pending != NULL && GetCurrentSubTransactionId() == TopSubTransactionId)
-	{
-		pending->lease_expires_at = lease_end;
-		pending->updated_at = now;
-	}
-	else if (pending != NULL)
-	{
-		/* a subtransaction could roll the new lease back: write the claim */
-		idem_pending_write_lease(pending, now, lease_end);
-	}
+	if (pending != NULL)
+		idem_pending_heartbeat(pending, now, lease_end);
 	else
 	{
 		idem_store_begin(fcinfo);
@@ -237,4 +231,50 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	idem_stats_add(IDEM_STAT_HEARTBEATS, 1);
 
 	PG_RETURN_TIMESTAMPTZ(lease_end);
+}
+
+/*
+ * idem_checkpoint(tenant_id, key, token, point, state) RETURNS void
+ *
+ * Store a recovery point, and optional state, on the claim held by token,
+ * in the caller's transaction: a phase's business writes and its
+ * checkpoint commit or roll back together.  A later owner of the key (after
+ * a takeover, or a release without failure) receives the last committed
+ * point from idem_claim and resumes after it.
+ */
+Datum
+idem_checkpoint(PG_FUNCTION_ARGS)
+{
+	IdemKey		k;
+	int64		token;
+	text	   *point;
+	Datum		state;
+	bool		state_isnull;
+	TimestampTz now = GetCurrentTimestamp();
+	IdemPendingClaim *pending;
+
+	fenced_args(fcinfo, &k, &token);
+	point = idem_arg_identifier(fcinfo, 3, "point", true);
+	state = idem_arg_jsonb(fcinfo, 4, "state", &state_isnull);
+	if (state_isnull)
+		state = (Datum) 0;
+
+	pending = pending_claim(&k, token, "checkpoint");
+	if (pending != NULL)
+		idem_pending_checkpoint(pending, point, state, now);
+	else
+	{
+		idem_store_begin(fcinfo);
+		if (!idem_store_has_checkpoints())
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("recovery points need version 1.1 of the idempotency extension"),
+					 errhint("Run ALTER EXTENSION idempotency UPDATE.")));
+		idem_keylock_hold(&k);
+		if (!idem_store_checkpoint(&k, token, point, state, now))
+			report_refused(&k, token, "checkpoint");
+		idem_store_end();
+	}
+
+	PG_RETURN_VOID();
 }

@@ -39,6 +39,8 @@ typedef enum IdemQuery
 	Q_FAIL_STALE,
 	Q_FINISH,
 	Q_DELETE_CLAIM,
+	Q_RELEASE_KEEP,
+	Q_CHECKPOINT,
 	Q_EXTEND_LEASE,
 	Q_FORGET,
 	Q_SWEEP_ALL,
@@ -68,7 +70,7 @@ typedef enum IdemQuery
 static const char *const query_text[NUM_QUERIES] = {
 	[Q_READ] =
 	"SELECT status, token, fingerprint, response, expires_at, lease_expires_at,"
-	" created_at, updated_at, xmin FROM %1$s" BY_KEY,
+	" created_at, updated_at, xmin, @POINT@, @STATE@ FROM %1$s" BY_KEY,
 
 	/* one row per fresh key; RETURNING says which went in */
 	[Q_INSERT_MANY] = INSERT_MANY " ON CONFLICT (tenant_id, key) DO NOTHING RETURNING key",
@@ -90,8 +92,8 @@ static const char *const query_text[NUM_QUERIES] = {
 	 */
 	[Q_WRITE_ONCE] =
 	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
-	" created_at, updated_at, ttl, status, fingerprint, response)"
-	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+	" created_at, updated_at, ttl, status, fingerprint, response @CHECKPOINT_COLUMNS@)"
+	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 @CHECKPOINT_VALUES@)",
 
 	/* $8: a new lifetime (expired record reused) rather than a takeover */
 	[Q_TAKE_OVER] =
@@ -99,6 +101,7 @@ static const char *const query_text[NUM_QUERIES] = {
 	" fingerprint = CASE WHEN $8 THEN $4 ELSE COALESCE($4, fingerprint) END,"
 	" created_at = CASE WHEN $8 THEN $5 ELSE created_at END,"
 	" response = NULL, lease_expires_at = $6, expires_at = $6, ttl = $7, updated_at = $5"
+	" @CHECKPOINT_RESET@"
 	BY_KEY "AND token" EQ "$3 AND expires_at OPERATOR(pg_catalog.<=) $5"
 	" RETURNING token",
 
@@ -108,15 +111,31 @@ static const char *const query_text[NUM_QUERIES] = {
 	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
 	" AND expires_at OPERATOR(pg_catalog.<=) $5"
 	" RETURNING status, token, fingerprint, response, expires_at, lease_expires_at,"
-	" created_at, updated_at, xmin",
+	" created_at, updated_at, xmin, @POINT@, @STATE@",
 
 	[Q_FINISH] =
 	"UPDATE %1$s SET status = $4, response = $5, lease_expires_at = NULL,"
 	" expires_at = $6 OPERATOR(pg_catalog.+) ttl, updated_at = $6"
 	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
 
+	/* a release without failure: a record with a recovery point is kept */
 	[Q_DELETE_CLAIM] =
-	"DELETE FROM %1$s" BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+	"DELETE FROM %1$s" BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
+	" @NO_CHECKPOINT@",
+
+	/*
+	 * ... and is handed on instead: its lease ends now and it gets a new
+	 * token (the releasing holder's is refused from now on), so the next
+	 * claim takes it over and resumes from its recovery point.
+	 */
+	[Q_RELEASE_KEEP] =
+	"UPDATE %1$s SET token = $4, lease_expires_at = $5, expires_at = $5, updated_at = $5"
+	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
+	" AND recovery_point IS NOT NULL",
+
+	[Q_CHECKPOINT] =
+	"UPDATE %1$s SET recovery_point = $4, state = $5, updated_at = $6"
+	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
 
 	[Q_EXTEND_LEASE] =
 	"UPDATE %1$s SET lease_expires_at = $4, expires_at = $4, updated_at = $5"
@@ -165,7 +184,7 @@ static const char *const query_text[NUM_QUERIES] = {
 	" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
 };
 
-static const Oid query_argtypes[NUM_QUERIES][11] = {
+static const Oid query_argtypes[NUM_QUERIES][13] = {
 	[Q_READ] = {TEXTOID, TEXTOID},
 	[Q_INSERT_MANY] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID,
 	TIMESTAMPTZOID, INTERVALOID, TEXTARRAYOID},
@@ -174,12 +193,15 @@ static const Oid query_argtypes[NUM_QUERIES][11] = {
 	[Q_INSERT] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
 	INTERVALOID, TEXTOID},
 	[Q_WRITE_ONCE] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-	TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, TEXTOID, JSONBOID},
+	TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, TEXTOID, JSONBOID,
+	TEXTOID, JSONBOID},
 	[Q_TAKE_OVER] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID,
 	TIMESTAMPTZOID, INTERVALOID, BOOLOID, INT8OID},
 	[Q_FAIL_STALE] = {TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID},
 	[Q_FINISH] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID},
 	[Q_DELETE_CLAIM] = {TEXTOID, TEXTOID, INT8OID},
+	[Q_RELEASE_KEEP] = {TEXTOID, TEXTOID, INT8OID, INT8OID, TIMESTAMPTZOID},
+	[Q_CHECKPOINT] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID},
 	[Q_EXTEND_LEASE] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID},
 	[Q_FORGET] = {TEXTOID, TEXTOID},
 	[Q_SWEEP_ALL] = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID},
@@ -194,10 +216,10 @@ static const Oid query_argtypes[NUM_QUERIES][11] = {
  * before anything is read), and how many.
  */
 #define RECORD_TYPES {TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID, \
-	TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, XIDOID}
+	TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, XIDOID, TEXTOID, JSONBOID}
 #define SWEPT_TYPES {BOOLOID, TIMESTAMPTZOID}
 
-static const Oid result_types[NUM_QUERIES][9] = {
+static const Oid result_types[NUM_QUERIES][11] = {
 	[Q_READ] = RECORD_TYPES,
 	[Q_FAIL_STALE] = RECORD_TYPES,
 	[Q_TAKE_OVER] = {INT8OID},
@@ -210,8 +232,8 @@ static const Oid result_types[NUM_QUERIES][9] = {
 };
 
 static const int result_ncolumns[NUM_QUERIES] = {
-	[Q_READ] = 9,
-	[Q_FAIL_STALE] = 9,
+	[Q_READ] = 11,
+	[Q_FAIL_STALE] = 11,
 	[Q_TAKE_OVER] = 1,
 	[Q_INSERT_MANY] = 1,
 	[Q_INSERT_MANY_PLAIN] = 1,
@@ -226,11 +248,13 @@ static const int query_nargs[NUM_QUERIES] = {
 	[Q_INSERT_MANY] = 7,
 	[Q_INSERT_MANY_PLAIN] = 7,
 	[Q_INSERT] = 7,
-	[Q_WRITE_ONCE] = 11,
+	[Q_WRITE_ONCE] = 13,
 	[Q_TAKE_OVER] = 9,
 	[Q_FAIL_STALE] = 5,
 	[Q_FINISH] = 6,
 	[Q_DELETE_CLAIM] = 3,
+	[Q_RELEASE_KEEP] = 5,
+	[Q_CHECKPOINT] = 6,
 	[Q_EXTEND_LEASE] = 5,
 	[Q_FORGET] = 2,
 	[Q_SWEEP_ALL] = 3,
@@ -250,6 +274,7 @@ static const int query_nargs[NUM_QUERIES] = {
 static Oid	cached_schema = InvalidOid;
 static Oid	cached_table = InvalidOid;
 static bool table_verified = false;
+static bool has_checkpoints = false;	/* recovery_point and state (1.1) */
 static SPIPlanPtr plans[NUM_QUERIES];
 static bool relcache_callback_registered = false;
 
@@ -393,8 +418,10 @@ store_attach(Oid nsp)
 				 errhint("Drop and create the idempotency extension again.")));
 
 	idem_check_table_shape(table);
-	if (nsp != cached_schema || table != cached_table)
+	if (nsp != cached_schema || table != cached_table ||
+		idem_table_has_checkpoints(table) != has_checkpoints)
 		store_forget_plans();
+	has_checkpoints = idem_table_has_checkpoints(table);
 	cached_schema = nsp;
 	cached_table = table;
 	table_verified = true;
@@ -466,12 +493,61 @@ idem_store_running(void)
 	return store_statement_running;
 }
 
+/* Has the table the recovery point columns (not with the 1.0 objects)? */
+bool
+idem_store_has_checkpoints(void)
+{
+	return has_checkpoints;
+}
+
+/*
+ * The parts of a statement that name the recovery point columns, and what
+ * stands in for them while the 1.0 objects are installed.
+ */
+static const char *const checkpoint_parts[][3] = {
+	{"@POINT@", "recovery_point", "NULL::pg_catalog.text"},
+	{"@STATE@", "state", "NULL::pg_catalog.jsonb"},
+	{"@CHECKPOINT_COLUMNS@", ", recovery_point, state", ""},
+	{"@CHECKPOINT_VALUES@", ", $12, $13", ""},
+	{"@CHECKPOINT_RESET@",
+		", recovery_point = CASE WHEN $8 THEN NULL ELSE recovery_point END,"
+		" state = CASE WHEN $8 THEN NULL ELSE state END", ""},
+	{"@NO_CHECKPOINT@", "AND recovery_point IS NULL", ""},
+};
+
+/* Replace every placeholder of checkpoint_parts in sql. */
+static char *
+expand_checkpoint_parts(const char *sql)
+{
+	char	   *text = pstrdup(sql);
+
+	for (size_t i = 0; i < lengthof(checkpoint_parts); i++)
+	{
+		const char *const *part = checkpoint_parts[i];
+		char	   *at;
+
+		while ((at = strstr(text, part[0])) != NULL)
+		{
+			StringInfoData out;
+
+			initStringInfo(&out);
+			appendBinaryStringInfo(&out, text, at - text);
+			appendStringInfoString(&out, has_checkpoints ? part[1] : part[2]);
+			appendStringInfoString(&out, at + strlen(part[0]));
+			pfree(text);
+			text = out.data;
+		}
+	}
+	return text;
+}
+
 static SPIPlanPtr
 store_plan(IdemQuery q)
 {
 	if (plans[q] == NULL)
 	{
 		char	   *qualified;
+		char	   *text;
 		StringInfoData sql;
 		SPIPlanPtr	plan;
 
@@ -479,15 +555,17 @@ store_plan(IdemQuery q)
 											   "idempotency_records");
 		initStringInfo(&sql);
 		appendStringInfo(&sql, query_text[q], qualified);
+		text = expand_checkpoint_parts(sql.data);
 
-		plan = SPI_prepare(sql.data, query_nargs[q], (Oid *) query_argtypes[q]);
+		plan = SPI_prepare(text, query_nargs[q], (Oid *) query_argtypes[q]);
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 sql.data, SPI_result_code_string(SPI_result));
+				 text, SPI_result_code_string(SPI_result));
 		if (SPI_keepplan(plan) != 0)
 			elog(ERROR, "SPI_keepplan failed");
 		plans[q] = plan;
 		pfree(sql.data);
+		pfree(text);
 	}
 	return plans[q];
 }
@@ -615,6 +693,11 @@ record_from_tuple(IdemRecord *rec)
 	rec->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, c + 6, &isnull));
 	rec->updated_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, c + 7, &isnull));
 	rec->xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, c + 8, &isnull));
+
+	d = SPI_getbinval(tup, desc, c + 9, &isnull);
+	rec->recovery_point = isnull ? NULL : (text *) DatumGetPointer(varlena_in_place(d));
+	d = SPI_getbinval(tup, desc, c + 10, &isnull);
+	rec->state = isnull ? (Datum) 0 : varlena_in_place(d);
 }
 
 
@@ -703,10 +786,11 @@ void
 idem_store_write_once(const IdemKey *k, text *fingerprint, int64 token,
 					  TimestampTz created_at, TimestampTz now,
 					  TimestampTz lease_expires_at, int64 ttl_us,
-					  IdemStatus status, Datum response, bool response_isnull)
+					  IdemStatus status, Datum response, bool response_isnull,
+					  text *recovery_point, Datum state)
 {
-	Datum		values[11];
-	char		nulls[12] = "           ";
+	Datum		values[13];
+	char		nulls[14] = "             ";
 	bool		processing = status == IDEM_PROCESSING;
 
 	values[0] = PointerGetDatum(k->tenant_id);
@@ -724,6 +808,10 @@ idem_store_write_once(const IdemKey *k, text *fingerprint, int64 token,
 	nulls[9] = fingerprint ? ' ' : 'n';
 	values[10] = response;
 	nulls[10] = response_isnull ? 'n' : ' ';
+	values[11] = PointerGetDatum(recovery_point);
+	nulls[11] = recovery_point ? ' ' : 'n';
+	values[12] = state;
+	nulls[12] = state ? ' ' : 'n';
 
 	(void) store_run(Q_WRITE_ONCE, values, nulls, false, 0);
 }
@@ -799,16 +887,47 @@ idem_store_finish(const IdemKey *k, int64 token, IdemStatus status,
 	return store_run(Q_FINISH, values, nulls, false, 0) == 1;
 }
 
+/*
+ * Release a claim without a failure: delete its record, or, when it has a
+ * recovery point, end its lease now under new_token so that the next claim
+ * resumes from there.  Returns false when token holds no processing record.
+ */
 bool
-idem_store_delete_claim(const IdemKey *k, int64 token)
+idem_store_release(const IdemKey *k, int64 token, int64 new_token,
+				   TimestampTz now)
 {
-	Datum		values[3];
+	Datum		values[5];
 
 	values[0] = PointerGetDatum(k->tenant_id);
 	values[1] = PointerGetDatum(k->key);
 	values[2] = Int64GetDatum(token);
 
-	return store_run(Q_DELETE_CLAIM, values, "   ", false, 0) == 1;
+	if (store_run(Q_DELETE_CLAIM, values, "   ", false, 0) == 1)
+		return true;
+	if (!has_checkpoints)
+		return false;
+	values[3] = Int64GetDatum(new_token);
+	values[4] = TimestampTzGetDatum(now);
+	return store_run(Q_RELEASE_KEEP, values, "     ", false, 0) == 1;
+}
+
+/* Store a recovery point (and state) on the processing record of token. */
+bool
+idem_store_checkpoint(const IdemKey *k, int64 token, text *point, Datum state,
+					  TimestampTz now)
+{
+	Datum		values[6];
+	char		nulls[7] = "      ";
+
+	values[0] = PointerGetDatum(k->tenant_id);
+	values[1] = PointerGetDatum(k->key);
+	values[2] = Int64GetDatum(token);
+	values[3] = PointerGetDatum(point);
+	values[4] = state;
+	nulls[4] = state ? ' ' : 'n';
+	values[5] = TimestampTzGetDatum(now);
+
+	return store_run(Q_CHECKPOINT, values, nulls, false, 0) == 1;
 }
 
 bool

@@ -134,7 +134,9 @@ idem_sweep(PG_FUNCTION_ARGS)
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "idem_sweep must return a composite type");
 
-	idem_pending_write_all(NULL, false);
+	/* held claims: written before this statement started (readers.c), or
+	 * now, when it is called outside any statement (a PL/pgSQL expression) */
+	idem_pending_write_all(NULL, idem_readers_outside_statement());
 	idem_store_begin(fcinfo);
 	(void) idem_sweep_lock(false, true);
 	idem_sweep_cursor_init(&cursor, true);

@@ -99,6 +99,52 @@ check_key_index(Oid table)
 							 "It has no valid unique index on exactly (tenant_id, key).");
 }
 
+/* The recovery point columns (1.1); both or neither. */
+static const ExpectedColumn checkpoint_columns[] = {
+	{"recovery_point", TEXTOID},
+	{"state", JSONBOID},
+};
+
+/* Is column c present with its type?  Absent: false; other type: error. */
+static bool
+check_column(Oid table, const ExpectedColumn *c, bool required)
+{
+	AttrNumber	attnum = get_attnum(table, c->name);
+	Oid			type;
+
+	if (attnum == InvalidAttrNumber)
+	{
+		if (required)
+			report_changed_table(table,
+								 psprintf("Column \"%s\" is missing.", c->name));
+		return false;
+	}
+	type = get_atttype(table, attnum);
+	if (type != c->type)
+		report_changed_table(table,
+							 psprintf("Column \"%s\" has type %s instead of %s.",
+									  c->name, format_type_be(type),
+									  format_type_be(c->type)));
+	return true;
+}
+
+/*
+ * Has the table the recovery point columns?  Not while the 1.0 objects are
+ * installed; one without the other is a changed table.
+ */
+bool
+idem_table_has_checkpoints(Oid table)
+{
+	bool		point = check_column(table, &checkpoint_columns[0], false);
+	bool		state = check_column(table, &checkpoint_columns[1], false);
+
+	if (point != state)
+		report_changed_table(table,
+							 psprintf("Column \"%s\" is missing.",
+									  checkpoint_columns[point ? 1 : 0].name));
+	return point;
+}
+
 /*
  * Check the columns and the key index of the records table.
  */
@@ -106,21 +152,8 @@ void
 idem_check_table_shape(Oid table)
 {
 	for (size_t i = 0; i < lengthof(expected_columns); i++)
-	{
-		const ExpectedColumn *c = &expected_columns[i];
-		AttrNumber	attnum = get_attnum(table, c->name);
-		Oid			type;
-
-		if (attnum == InvalidAttrNumber)
-			report_changed_table(table,
-								 psprintf("Column \"%s\" is missing.", c->name));
-		type = get_atttype(table, attnum);
-		if (type != c->type)
-			report_changed_table(table,
-								 psprintf("Column \"%s\" has type %s instead of %s.",
-										  c->name, format_type_be(type),
-										  format_type_be(c->type)));
-	}
+		(void) check_column(table, &expected_columns[i], true);
+	(void) idem_table_has_checkpoints(table);
 	check_key_index(table);
 }
 

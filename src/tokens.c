@@ -9,11 +9,12 @@
  * record was released or swept, after a crash or restart, when the clock
  * steps backwards, and on a promoted standby.
  *
- * The promise, per database: every token is greater than every token
- * handed out before it.  A token is the clock in microseconds since
- * 2000-01-01 when that is larger than the last token, and the last token
- * plus one otherwise.  The last token is kept in shared memory (one slot
- * per database), and a high-water mark at least as large is kept in the
+ * The promise, per database: a fresh claim's token is greater than every
+ * token handed out before it (plus one), and a takeover's is the old
+ * record's token plus one, so per key tokens only grow.  A fresh token is
+ * the clock in microseconds since 2000-01-01 when that is larger than the
+ * last token plus two, and the last token plus two otherwise.  The last
+ * token is kept in shared memory (one slot per database), and a high-water mark at least as large is kept in the
  * sequence idempotency_tokens, which is WAL-logged: it survives a crash and
  * reaches standbys before any record carrying a token above the previous
  * mark.  The mark is moved ahead by IDEM_TOKEN_MARGIN at a time, so it is
@@ -203,17 +204,42 @@ write_mark(Oid sequence, int64 mark)
 }
 
 /*
- * Without shared memory: read the mark and move it to the last of n new
- * tokens, one writer at a time (a self-conflicting lock on the sequence).
+ * The next tokens after last: n fresh ones (exact = 0), or exactly the
+ * successor a takeover asked for.  Returns the first and sets *new_last.
+ * Fresh tokens are at least the clock and last + 2, and 2 apart, so that a
+ * fresh token is never an earlier token plus one: that is a takeover's.
  */
 static int64
-reserve_without_slot(Oid sequence, TimestampTz now, int n, int64 above)
+next_after(int64 last, TimestampTz now, int n, int64 exact, int64 *new_last)
 {
 	int64		first;
 
+	if (exact > 0)
+	{
+		*new_last = Max(last, exact);
+		return exact;
+	}
+	first = Max(clock_token(now), last + 2);
+	*new_last = first + 2 * (int64) (n - 1);
+	return first;
+}
+
+/*
+ * Without shared memory: read the mark and move it to the last new token,
+ * one writer at a time (a self-conflicting lock on the sequence).
+ */
+static int64
+reserve_without_slot(Oid sequence, TimestampTz now, int n, int64 exact)
+{
+	int64		mark;
+	int64		first;
+	int64		last;
+
 	LockRelationOid(sequence, ShareUpdateExclusiveLock);
-	first = Max(Max(clock_token(now), above + 1), read_mark(sequence) + 1);
-	write_mark(sequence, first + n - 1);
+	mark = read_mark(sequence);
+	first = next_after(mark, now, n, exact, &last);
+	if (last > mark)
+		write_mark(sequence, last);
 	UnlockRelationOid(sequence, ShareUpdateExclusiveLock);
 	return first;
 }
@@ -286,15 +312,12 @@ load_slot(TokenSlot *slot, Oid sequence)
 }
 
 /*
- * Hand out n consecutive tokens, all greater than above, and return the
- * first.  (A takeover passes the old record's token: a record written
- * around the functions, or restored without the sequence, may hold a token
- * the counter never handed out.)  The caller is about to write a record
- * with them, so a read-only transaction fails here exactly as that INSERT
- * would.
+ * Reserve tokens (see next_after) and return the first.  The caller is
+ * about to write a record with them, so a read-only transaction fails here
+ * exactly as that INSERT would.
  */
-int64
-idem_next_tokens(TimestampTz now, int n, int64 above)
+static int64
+reserve(TimestampTz now, int n, int64 exact)
 {
 	Oid			sequence = idem_store_token_sequence();
 	TokenSlot  *slot = NULL;
@@ -306,27 +329,28 @@ idem_next_tokens(TimestampTz now, int n, int64 above)
 	Assert(n >= 1);
 	if (!OidIsValid(sequence))
 	{
-		first = backend_clock_token(Max(now, above + 1));
+		if (exact > 0)
+			return exact;
+		first = backend_clock_token(now);
 		for (int i = 1; i < n; i++)
 			(void) backend_clock_token(now);
 		return first;
 	}
 	PreventCommandIfReadOnly("INSERT");
 	if (shared == NULL)
-		return reserve_without_slot(sequence, now, n, above);
+		return reserve_without_slot(sequence, now, n, exact);
 
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	slot = find_slot();
 	loaded = slot != NULL && slot->sequence == sequence;
 	LWLockRelease(shared->lock);
 	if (slot == NULL)
-		return reserve_without_slot(sequence, now, n, above);
+		return reserve_without_slot(sequence, now, n, exact);
 	if (!loaded)
 		load_slot(slot, sequence);
 
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	first = Max(Max(clock_token(now), above + 1), slot->last + 1);
-	last = first + n - 1;
+	first = next_after(slot->last, now, n, exact, &last);
 	slot->last = last;
 	covered = slot->mark >= last;
 	LWLockRelease(shared->lock);
@@ -336,8 +360,29 @@ idem_next_tokens(TimestampTz now, int n, int64 above)
 	return first;
 }
 
+/*
+ * n fresh tokens: the first is returned, the others follow 2 apart.  Each
+ * is greater than every token handed out before, plus one.
+ */
 int64
-idem_next_token(TimestampTz now, int64 above)
+idem_fresh_tokens(TimestampTz now, int n)
 {
-	return idem_next_tokens(now, 1, above);
+	return reserve(now, n, 0);
+}
+
+int64
+idem_fresh_token(TimestampTz now)
+{
+	return reserve(now, 1, 0);
+}
+
+/*
+ * The token after old, for a takeover (or a release that hands the record
+ * on): old + 1, with every later fresh token kept above it, even when old
+ * was never handed out here (a record written around the functions).
+ */
+int64
+idem_successor_token(TimestampTz now, int64 old)
+{
+	return reserve(now, 1, old + 1);
 }

@@ -183,7 +183,7 @@ add_expired('app3', 500, 'while-broken');
 wait_swept('app3', 'while app2 is broken');
 ok( $node->poll_query_until(
 		'postgres',
-		"SELECT last_sweep_error LIKE '%expires_at%does not exist%'
+		"SELECT last_sweep_error LIKE '%idempotency_records%no longer has the shape%'
 		 FROM idem_stats WHERE datname = 'app2'"),
 	'the error is recorded as the last sweep of app2');
 ok($node->wait_for_log(qr/idempotency sweep of database "app2"/, $log_offset),
