@@ -1,0 +1,42 @@
+-- The update path on every supported PostgreSQL major (this suite also runs
+-- on 17 and 18): 1.0 as shipped, records in it, ALTER EXTENSION UPDATE in
+-- the same session, records and replays kept, the new objects work.
+-- (test/suites/80-upgrade does the same with live holders in other sessions
+-- and compares the result with a fresh install object by object.)
+\set SHOW_CONTEXT never
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency VERSION '1.0';
+SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
+SELECT token AS done_token FROM idem_claim('up', 'done') \gset
+SELECT idem_complete('up', 'done', :done_token, '{"kept": [1, "two", null]}');
+SELECT token AS failed_token FROM idem_claim('up', 'failed') \gset
+SELECT idem_release('up', 'failed', :failed_token, '{"error": "declined"}');
+SELECT token AS open_token FROM idem_claim('up', 'open', lease => '1 hour') \gset
+CREATE TEMP TABLE before_update AS
+    SELECT tenant_id, key, status, token, response, expires_at FROM idempotency_records;
+
+ALTER EXTENSION idempotency UPDATE;
+SELECT e.extversion = a.default_version AS at_default_version, e.extversion <> '1.0' AS updated
+FROM pg_extension e JOIN pg_available_extensions a ON a.name = e.extname
+WHERE e.extname = 'idempotency';
+
+-- every record as it was, replays unchanged, the open claim completes with its token
+SELECT count(*) AS changed FROM before_update b
+LEFT JOIN idempotency_records r USING (tenant_id, key)
+WHERE (r.status, r.token, r.response, r.expires_at) IS DISTINCT FROM (b.status, b.token, b.response, b.expires_at);
+SELECT outcome, response FROM idem_claim('up', 'done');
+SELECT outcome, response FROM idem_claim('up', 'failed');
+SELECT outcome FROM idem_claim('up', 'open');
+SELECT idem_complete('up', 'open', :open_token, '{"late": true}');
+SELECT outcome, response FROM idem_claim('up', 'open');
+SELECT token > :open_token AS newer_token FROM idem_claim('up', 'fresh');
+
+-- what 1.1 adds works on the updated database
+SELECT idem_set_tenant_isolation(true);
+SELECT relrowsecurity FROM pg_class WHERE oid = 'idempotency_records'::regclass;
+SELECT idem_create_index(ARRAY['tenant_id', 'created_at']);
+SELECT idem_drop_index('idempotency_records_tenant_id_created_at_idx');
+SELECT idem_set_tenant_isolation(false);
+
+DROP TABLE before_update;
+TRUNCATE idempotency_records;
