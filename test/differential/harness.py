@@ -20,6 +20,7 @@ transaction names become d-SIDE-... in error messages.
 
 import datetime
 import io
+import json
 import re
 
 import psycopg2
@@ -44,7 +45,9 @@ SELECT json_build_object(
                                        AND note IS NULL)),
   'audit', (SELECT coalesce(json_agg(json_build_array(n, what, info) ORDER BY n), '[]') FROM audit),
   'inbox', (SELECT coalesce(json_agg(json_build_array(id, tenant, key, amount, outcome, token, seen)
-                ORDER BY id), '[]') FROM inbox))::text
+                ORDER BY id), '[]') FROM inbox),
+  'outbox', (SELECT coalesce(json_agg(json_build_array(id, key, token) ORDER BY id), '[]') FROM outbox),
+  'gids', (SELECT json_agg(gid) FROM pg_prepared_xacts WHERE gid LIKE 'd-%(side)s-%%'))::text
 """
 
 REC_TRIGGERS = {
@@ -73,11 +76,12 @@ STATEMENT_TIMEOUT = '10s'
 class Step:
     """One round trip.  kind: 'sql', 'copy_out' (sorted lines) or 'copy_in' (data)."""
 
-    def __init__(self, sql, kind='sql', data=None, cap=None):
+    def __init__(self, sql, kind='sql', data=None, cap=None, peer=False):
         self.sql = sql
         self.kind = kind
         self.data = data
         self.cap = cap          # store the first row's token under this name
+        self.peer = peer        # run by the side's second session
 
     def ordered(self):
         """Does the order of the rows mean anything?  Without ORDER BY it is
@@ -89,9 +93,10 @@ class Step:
         return 'ORDER BY' in u or u.startswith('FETCH')
 
     def text(self):
+        who = '[session 2] ' if self.peer else ''
         if self.kind == 'copy_in':
-            return self.sql + ';\n' + self.data + '\\.'
-        return self.sql + ';'
+            return who + self.sql + ';\n' + self.data + '\\.'
+        return who + self.sql + ';'
 
 
 class Case:
@@ -114,14 +119,15 @@ class Case:
         for t in self.rec_triggers:
             lines.append('-- setup: ' + REC_TRIGGERS[t] + ';')
         lines.append("-- {tok:NAME} is the token this side got earlier for NAME; "
-                     "{gid} a two-phase name of this side ('d-on-...' / 'd-off-...')")
+                     "{gid} a two-phase name of this side ('d-DATABASE-SEED-CASE-a')")
         for i, s in enumerate(self.steps):
             lines.append('/* %d */ %s' % (i, s.text()))
         return '\n'.join(lines)
 
 
 class Side:
-    """One database and its connection."""
+    """One database, its connection and, for the cases that want one, a
+    second session (peer) that never waits long (lock_timeout)."""
 
     def __init__(self, name, dsn, options=None):
         self.name = name
@@ -129,13 +135,20 @@ class Side:
         self.options = options
         self.triggers = set()
         self.conn = None
+        self.peer = None
         self.connect()
 
+    def peer_conn(self):
+        if self.peer is None or self.peer.closed:
+            # as startup options, so that RESET ALL keeps them
+            opts = '-c statement_timeout=%s -c lock_timeout=2s %s' % (STATEMENT_TIMEOUT, self.options or '')
+            self.peer = psycopg2.connect(self.dsn, options=opts)
+            self.peer.autocommit = True
+        return self.peer
+
     def connect(self):
-        kw = {}
-        if self.options:
-            kw['options'] = self.options
-        self.conn = psycopg2.connect(self.dsn, **kw)
+        # a case that would wait for its own second session fails in 5 s
+        self.conn = psycopg2.connect(self.dsn, options='-c lock_timeout=5s %s' % (self.options or ''))
         self.conn.autocommit = True
         cur = self.conn.cursor()
         cur.execute("SET statement_timeout = %s", (STATEMENT_TIMEOUT,))
@@ -147,13 +160,19 @@ class Side:
         self.triggers = set(REC_TRIGGER_NAMES)
 
     def close(self):
-        try:
-            self.conn.close()
-        except Exception:
-            pass
+        for c in (self.conn, self.peer):
+            try:
+                c.close()
+            except Exception:
+                pass
+        self.peer = None
+
+    @property
+    def db(self):
+        return self.dsn.split('dbname=')[1].split()[0]
 
     def gid(self, case, tag):
-        return 'd-%s-%s-%d-%s' % (self.name, case.seed, case.num, tag or 'a')
+        return 'd-%s-%s-%d-%s' % (self.db, case.seed, case.num, tag or 'a')
 
     def substitute(self, sql, case, vars_):
         def tok(m):
@@ -179,24 +198,44 @@ class Side:
         del self.conn.notices[:]
         del self.conn.notifies[:]
 
-    def cleanup(self, case):
+    def finish(self, case, extra_step=None):
+        """End whatever the case left open and read the final state; the
+        self-test's extra step runs in between, unobserved."""
+        end = ('ROLLBACK; CLOSE ALL; DEALLOCATE ALL; RESET ALL; SET statement_timeout = %r; '
+               % STATEMENT_TIMEOUT)
+        state_sql = STATE_SQL.replace('%(n)s', str(case.rows)).replace('%%', '%').replace(
+            '%(side)s', self.db)
+        if self.peer is not None:
+            try:
+                c = self.peer.cursor()
+                c.execute('ROLLBACK; RESET ALL')
+                c.close()
+            except psycopg2.Error:
+                self.peer.close()
+                self.peer = None
         try:
-            self._simple('ROLLBACK')
-            self._simple('CLOSE ALL; DEALLOCATE ALL; RESET ALL; SET statement_timeout = %r'
-                         % STATEMENT_TIMEOUT)
-            gids = self._simple("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE 'd-%s-%%'" % self.name)
-            for (g,) in gids:
-                self._simple("ROLLBACK PREPARED '%s'" % g)
+            if extra_step is None:
+                state = self._simple(end + state_sql)[0][0]
+            else:
+                self._simple(end)
+                self._simple(extra_step.sql)
+                state = self._simple(state_sql)[0][0]
         except psycopg2.Error:
             self.close()
             self.connect()
+            state = self._simple(state_sql)[0][0]
+        state = json.loads(state)
+        for g in state.pop('gids') or []:
+            self._simple("ROLLBACK PREPARED '%s'" % g)
         del self.conn.notices[:]
         del self.conn.notifies[:]
+        return state
 
     def run_step(self, step, case, vars_):
         sql = self.substitute(step.sql, case, vars_)
         obs = {}
-        cur = self.conn.cursor()
+        conn = self.peer_conn() if step.peer else self.conn
+        cur = conn.cursor()
         try:
             if step.kind == 'copy_out':
                 buf = io.StringIO()
@@ -224,40 +263,41 @@ class Side:
             obs['ok'] = False
             obs['sqlstate'] = e.pgcode
             msg = (e.diag.message_primary if e.diag and e.diag.message_primary else str(e)).strip()
-            obs['error'] = msg.replace('d-%s-' % self.name, 'd-SIDE-')
-            if self.conn.closed:
+            obs['error'] = msg.replace('d-%s-' % self.db, 'd-SIDE-')
+            if conn.closed:
                 obs['error'] += ' [connection lost]'
         finally:
             try:
                 cur.close()
             except Exception:
                 pass
-        if self.conn.closed:
-            self.connect()
+        if conn.closed:
+            if step.peer:
+                self.peer_conn()
+            else:
+                self.connect()
             obs['reconnected'] = True
-        if self.conn.notices:
-            obs['notices'] = [n.strip() for n in self.conn.notices]
-            del self.conn.notices[:]
-        if self.conn.notifies:
-            obs['notifies'] = [[n.channel, n.payload] for n in self.conn.notifies]
-            del self.conn.notifies[:]
+        if conn.notices:
+            obs['notices'] = [n.strip() for n in conn.notices]
+            del conn.notices[:]
+        if conn.notifies:
+            obs['notifies'] = [[n.channel, n.payload] for n in conn.notifies]
+            del conn.notifies[:]
         return obs
 
     def run_case(self, case, extra_step=None):
         """Run the case and return its raw observation.  extra_step (self-test)
-        is run on this side only, after the case's steps."""
+        is run on this side only, after the case, unobserved: only its effect
+        on the final state can show it."""
         self.reset(case)
         vars_ = {}
         steps_obs = []
-        steps = list(case.steps) + ([extra_step] if extra_step is not None else [])
-        for step in steps:
+        for step in case.steps:
             o = self.run_step(step, case, vars_)
             if 'rows' in o and not step.ordered():
                 o['rows'] = sorted(o['rows'], key=_masked)
             steps_obs.append(o)
-        self.cleanup(case)
-        state = self._simple(STATE_SQL.replace('%(n)s', str(case.rows)).replace('%%', '%'))[0][0]
-        return {'steps': steps_obs, 'state': state}
+        return {'steps': steps_obs, 'state': self.finish(case, extra_step)}
 
 
 # ---------------------------------------------------------------------------
@@ -299,11 +339,7 @@ def _walk(v, f_scalar):
 
 def normalise(obs):
     """Replace tokens and timestamps by stable names (see the module doc)."""
-    import json
     obs = dict(obs)
-    state = obs.get('state')
-    if isinstance(state, str):
-        obs['state'] = json.loads(state)
     stamps = {}
     tokens = {}
 

@@ -16,9 +16,10 @@ Usage:
   run.py --port P --seed S --show CASE               one case: SQL, both observations, verdict
   run.py --port P --seed S --cases N --self-test     plant differences and check each is reported
   run.py --seed S --print CASE                       the SQL of one case (no server)
+  run.py --port P --seed S --cases N --only SHAPE,...  only the cases of these shapes
 
 It (re)creates the databases diff_on and diff_off itself (--keep-dbs reuses
-them).  The server must preload the library, have max_prepared_transactions
+them; --db-prefix names others, for two runs on one server).  The server must preload the library, have max_prepared_transactions
 > 0 and room for parallel workers (test/suites/45-differential starts one).
 """
 
@@ -42,7 +43,6 @@ import harness                  # noqa: E402
 import shapes                   # noqa: E402
 from harness import Case, Side, Step, normalise, diff      # noqa: E402
 
-DBS = {'on': 'diff_on', 'off': 'diff_off'}
 MAX_FULL_REPORTS = 2            # full reproducers printed per shape
 MAX_BRIEF_REPORTS = 10          # difference lines printed per shape (all are counted)
 
@@ -65,6 +65,10 @@ def dsn(args, db):
     return 'host=%s port=%d user=%s dbname=%s' % (args.host, args.port, args.user, db)
 
 
+def databases(args):
+    return {'on': args.db_prefix + '_on', 'off': args.db_prefix + '_off'}
+
+
 def setup_databases(args):
     conn = psycopg2.connect(dsn(args, 'postgres'))
     conn.autocommit = True
@@ -74,10 +78,14 @@ def setup_databases(args):
     if not args.keep_dbs:
         with open(os.path.join(HERE, 'schema.sql')) as f:
             schema = f.read()
-        cur.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE 'd-%'")
+        for role in ('diff_app', 'diff_noinsert'):
+            cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
+            if not cur.fetchone():
+                cur.execute('CREATE ROLE %s' % role)
+        cur.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", ('d-%s\\_%%' % args.db_prefix,))
         for (gid,) in cur.fetchall():
             cur.execute("ROLLBACK PREPARED %s", (gid,))
-        for side, db in DBS.items():
+        for side, db in databases(args).items():
             cur.execute('DROP DATABASE IF EXISTS %s' % db)
             cur.execute('CREATE DATABASE %s' % db)
             cur.execute('ALTER DATABASE %s SET idempotency.defer_writes = %s' % (db, side))
@@ -233,7 +241,7 @@ def run(args):
     if args.self_test:
         # both sides write at once: an unplanted case must show no difference
         side_opts = {'on': '-c idempotency.defer_writes=off', 'off': '-c idempotency.defer_writes=off'}
-    sides = {name: Side(name, dsn(args, DBS[name]), side_opts[name]) for name in ('on', 'off')}
+    sides = {name: Side(name, dsn(args, databases(args)[name]), side_opts[name]) for name in ('on', 'off')}
     want = {'on': 'off' if args.self_test else 'on', 'off': 'off'}
     for name, s in sides.items():
         if s.defer_writes != want[name]:
@@ -245,10 +253,19 @@ def run(args):
              ' [self-test: both off, differences planted]' if args.self_test else ''))
 
     if args.show is not None:
-        nums = [args.show]
+        cases = [make_case(args.seed, args.show)]
+    elif args.only:
+        # the same case numbers as a full run, keeping the shapes asked for
+        wanted = set(args.only.split(','))
+        cases, n = [], args.first
+        while len(cases) < args.cases and n < args.first + 1000 * args.cases:
+            c = make_case(args.seed, n)
+            if c.shape in wanted:
+                cases.append(c)
+            n += 1
     else:
-        nums = list(range(args.first, args.first + args.cases))
-    cases = [make_case(args.seed, n) for n in nums]
+        cases = [make_case(args.seed, n) for n in range(args.first, args.first + args.cases)]
+    nums = [c.num for c in cases]
     plants = {}
     prng = random.Random('plant/%s' % args.seed)
     if args.self_test:
@@ -352,10 +369,12 @@ def main():
     ap.add_argument('--cases', type=int, default=5000)
     ap.add_argument('--first', type=int, default=1, help='number of the first case')
     ap.add_argument('--show', type=int, help='run one case and print everything')
+    ap.add_argument('--only', help='run only cases of these shapes (comma-separated)')
     ap.add_argument('--print', type=int, dest='print_case', help='print the SQL of one case (no server)')
     ap.add_argument('--self-test', action='store_true')
     ap.add_argument('--plant-rate', type=float, default=0.25)
     ap.add_argument('--keep-dbs', action='store_true')
+    ap.add_argument('--db-prefix', default='diff', help='the databases are PREFIX_on and PREFIX_off')
     ap.add_argument('--progress', type=int, default=0, help='print progress every N cases')
     args = ap.parse_args()
     if args.print_case is not None:

@@ -18,10 +18,14 @@ CREATE TABLE inbox (
     token   bigint,
     seen    bigint);
 
+-- a row here names a held claim; its deferred trigger completes the claim
+-- at COMMIT (or PREPARE TRANSACTION, or SET CONSTRAINTS ... IMMEDIATE)
+CREATE TABLE outbox (id bigserial PRIMARY KEY, tenant text NOT NULL, key text NOT NULL, token bigint);
+
 -- Empty every table (records included) and fill the ledger with rows 1..n.
 CREATE FUNCTION reset_case(n int) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    TRUNCATE ledger, audit, inbox, idempotency_records RESTART IDENTITY;
+    TRUNCATE ledger, audit, inbox, outbox, idempotency_records RESTART IDENTITY;
     INSERT INTO ledger SELECT g, (g * 7919) % 1000, NULL FROM generate_series(1, n) g;
 END $$;
 
@@ -179,3 +183,55 @@ BEGIN
     NEW.fingerprint := coalesce(NEW.fingerprint, 'set-by-trigger');
     RETURN NEW;
 END $$;
+
+CREATE FUNCTION outbox_settle() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM idem_complete(NEW.tenant, NEW.key, NEW.token, jsonb_build_object('outbox', NEW.id));
+    INSERT INTO audit (what, info)
+        SELECT 'outbox-settled', NEW.key || ' ' || count(*) FROM idempotency_records
+            WHERE tenant_id = NEW.tenant AND status = 'completed';
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER outbox_settle AFTER INSERT ON outbox
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION outbox_settle();
+
+-- transaction control inside a procedure: claims on both sides of a COMMIT
+CREATE PROCEDURE claim_batches(t text, n int, per int, fail_at int DEFAULT 0) LANGUAGE plpgsql AS $$
+DECLARE r idem_claim_result;
+BEGIN
+    FOR i IN 1..n LOOP
+        r := idem_claim(t, 'p' || i);
+        INSERT INTO audit (what, info) VALUES ('proc', 'p' || i || ' ' || r.outcome);
+        IF r.outcome = 'claimed' AND i % 2 = 0 THEN
+            PERFORM idem_complete(t, 'p' || i, r.token, '{"proc": true}');
+        END IF;
+        IF i = fail_at THEN
+            RAISE EXCEPTION 'procedure fails at %', i;
+        END IF;
+        IF i % per = 0 THEN
+            COMMIT;
+        END IF;
+    END LOOP;
+END $$;
+
+-- complete a held claim, then fail: the block's work (the completion) is undone
+CREATE FUNCTION complete_then_fail(t text, k text, tok bigint) RETURNS text
+    LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    BEGIN
+        PERFORM idem_complete(t, k, tok, '{"inner": true}');
+        PERFORM 1 / 0;
+    EXCEPTION WHEN division_by_zero THEN
+        RETURN 'undone ' || coalesce((SELECT status FROM idem_lookup(t, k)), 'none');
+    END;
+    RETURN 'not reached';
+END $$;
+
+-- Roles (cluster-wide, created by run.py): diff_app has the documented
+-- application grants; diff_noinsert may not insert records (claims by it are
+-- written at once, so both sides fail at the claim).
+GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records, ledger, audit, inbox, outbox TO diff_app;
+GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO diff_app, diff_noinsert;
+GRANT SELECT, UPDATE, DELETE ON idempotency_records TO diff_noinsert;
+GRANT SELECT, INSERT, UPDATE, DELETE ON ledger, audit, inbox, outbox TO diff_noinsert;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO diff_app, diff_noinsert;

@@ -468,13 +468,18 @@ def shape_parallel(g):
     """Forced parallel plans with a PARALLEL SAFE function reading the table."""
     g.rows = g.r.choice([50, 200, 1000])
     g.begin()
-    for s in ['max_parallel_workers_per_gather = 2', 'parallel_setup_cost = 0', 'parallel_tuple_cost = 0',
-              'min_parallel_table_scan_size = 0', '%s = %s' % (PARALLEL_GUC, g.r.choice(['on', 'regress'])),
-              'parallel_leader_participation = %s' % g.r.choice(['on', 'off'])]:
-        g.add('SET LOCAL ' + s)
+    g.add('; '.join('SET LOCAL ' + s for s in [
+        'max_parallel_workers_per_gather = 2', 'parallel_setup_cost = 0', 'parallel_tuple_cost = 0',
+        'min_parallel_table_scan_size = 0', '%s = %s' % (PARALLEL_GUC, g.r.choice(['on', 'regress'])),
+        'parallel_leader_participation = %s' % g.r.choice(['on', 'off'])]))
     keys = [g.key() for _ in range(g.r.randint(1, 40))]
-    for k in keys:
-        g.claim(k)
+    if g.chance(0.5):
+        for k in keys:
+            g.claim(k)
+    else:
+        g.add("SELECT k AS key, (c).outcome, (c).token FROM (SELECT k, idem_claim(%s, k) AS c FROM "
+              "unnest(ARRAY[%s]) k OFFSET 0) s ORDER BY k" % (q(g.t), ', '.join(q(k) for k in keys)))
+        g.claimed.extend(keys)
     if g.chance(0.3):
         g.complete(keys[0])
     for _ in range(g.r.randint(1, 3)):
@@ -695,6 +700,224 @@ def shape_autocommit(g):
                   % (q(g.t), q(k), q(k), tail))
 
 
+def shape_sweep(g):
+    """idem_sweep() in a transaction that holds claims, over expired records."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(2, 8))]
+    g.prior(keys)
+    g.add("UPDATE idempotency_records SET expires_at = now() - interval '1 s' WHERE tenant_id = %s "
+          "AND status <> 'processing' AND key <= %s" % (q(g.t), q(g.r.choice(keys))))
+    autocommit = g.chance(0.2)
+    if not autocommit:
+        g.begin()
+    for k in g.r.sample(keys, g.r.randint(1, len(keys))):
+        g.claim(k)
+        if g.chance(0.3):
+            g.settle_any(k)
+    g.add('SELECT * FROM idem_sweep(%s)' % g.r.choice(['', '1', '100']))
+    g.read_records()
+    if g.chance(0.5):
+        g.claim(g.r.choice(keys))
+    if not autocommit:
+        g.end()
+
+
+def shape_same_key(g):
+    """One key, many calls in one transaction: claim after release (claimed
+    again), a different fingerprint, wait on one's own claim, forget then
+    complete, heartbeat then lookup, an inner block that completes and fails."""
+    g.rows = rows_small(g)
+    k = g.key()
+    if g.chance(0.3):
+        g.prior([k])
+    g.begin()
+    if g.chance(0.2):
+        g.add('SET LOCAL idempotency.defer_writes = off')
+    g.claim(k)
+    for _ in range(g.r.randint(2, 9)):
+        r = g.r.random()
+        if r < 0.2:
+            g.release(k)
+            g.claim(k)
+        elif r < 0.3:
+            g.add("SELECT outcome, token FROM idem_claim(%s, %s, fingerprint => 'other')" % (q(g.t), q(k)))
+        elif r < 0.38:
+            g.add("SELECT outcome, token FROM idem_claim(%s, %s, wait => '10 ms')" % (q(g.t), q(k)))
+        elif r < 0.45:
+            g.forget(k)
+        elif r < 0.55:
+            g.heartbeat(k)
+            g.lookup(k)
+        elif r < 0.65:
+            g.add('SELECT complete_then_fail(%s, %s, {tok:%s})' % (q(g.t), q(k), k))
+        elif r < 0.72:
+            g.add('SET LOCAL idempotency.defer_writes = off')
+        elif r < 0.8:
+            g.claim(k)
+        elif r < 0.9:
+            g.settle_any(k)
+        else:
+            g.lookup(k)
+    g.read_records()
+    g.end()
+    g.claim(k)
+
+
+def shape_procedure(g):
+    """CALL of a procedure that claims and COMMITs inside; DO blocks."""
+    g.rows = rows_small(g)
+    n = g.r.randint(1, 50)
+    fail_at = g.r.choice([0, 0, g.r.randint(1, n)])
+    if g.chance(0.8):
+        g.add('CALL claim_batches(%s, %d, %d, %d)' % (q(g.t), n, g.r.randint(1, 40), fail_at))
+    else:
+        g.begin()
+        g.add('CALL claim_batches(%s, %d, %d, %d)' % (q(g.t), n, n + 1, fail_at))
+        g.end()
+    g.add("DO $$DECLARE r idem_claim_result; BEGIN FOR i IN 1..%d LOOP r := idem_claim(%s, 'd' || i); "
+          "IF r.outcome = 'claimed' AND i %% 3 = 0 THEN PERFORM idem_release(%s, 'd' || i, r.token); END IF; "
+          "END LOOP; RAISE NOTICE 'seen %%', (SELECT count(*) FROM idempotency_records WHERE tenant_id = %s); "
+          "END$$" % (g.r.randint(1, 40), q(g.t), q(g.t), q(g.t)))
+    g.read_records()
+    g.add("SELECT what, count(*) FROM audit GROUP BY 1 ORDER BY 1")
+
+
+def shape_deferred_settle(g):
+    """Claims completed by a deferred constraint trigger at COMMIT, PREPARE
+    TRANSACTION or SET CONSTRAINTS ... IMMEDIATE."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(1, 40))]
+    g.begin()
+    for k in keys:
+        g.claim(k)
+        if g.chance(0.5):
+            g.add('INSERT INTO outbox (tenant, key, token) VALUES (%s, %s, {tok:%s})' % (q(g.t), q(k), k))
+    if g.chance(0.3):
+        g.add('SET CONSTRAINTS ALL IMMEDIATE')
+        g.read_records()
+    if g.chance(0.3):
+        g.add("INSERT INTO inbox (id, tenant, key, amount) VALUES (1, %s, %s, 4)" % (q(g.t), q(keys[0])))
+    r = g.r.random()
+    if r < 0.7:
+        g.add('COMMIT')
+    elif r < 0.85:
+        g.add('PREPARE TRANSACTION {gid}')
+        g.add('COMMIT PREPARED {gid}')
+    else:
+        g.add('SET transaction_read_only = on')
+        g.add('COMMIT')
+    g.read_records()
+
+
+def shape_roles(g):
+    """Claims as an application role with the documented grants, and as a
+    role that may not insert records."""
+    g.rows = rows_small(g)
+    role = g.r.choice(['diff_app', 'diff_app', 'diff_noinsert'])
+    keys = [g.key() for _ in range(g.r.randint(1, 5))]
+    g.prior(g.r.sample(keys, g.r.randint(0, len(keys))))
+    g.add('SET ROLE %s' % role)
+    g.txn(keys, g.r.randint(1, 8))
+    if g.chance(0.5):
+        g.txn(keys, g.r.randint(1, 5))
+    g.add('RESET ROLE')
+
+
+def shape_exotic_sql(g):
+    """Claims in LATERAL, MERGE, INSERT ... ON CONFLICT DO UPDATE, ORDER BY,
+    aggregates with FILTER, recursive CTEs, VALUES, COPY (query) TO, EXPLAIN
+    ANALYZE."""
+    g.rows = rows_big(g)
+    n = g.r.randint(1, min(g.rows, 60))
+    T = q(g.t)
+    g.begin()
+    for _ in range(g.r.randint(1, 3)):
+        r = g.r.random()
+        if r < 0.12:
+            g.add("SELECT l.id, c.outcome, rec_count_sql_stable(%s) FROM ledger l, LATERAL idem_claim(%s, 'l' || l.id) c "
+                  "WHERE l.id <= %d ORDER BY l.id" % (T, T, n))
+        elif r < 0.24:
+            g.add("MERGE INTO ledger l USING (SELECT g AS id FROM generate_series(1, %d) g) s ON l.id = s.id "
+                  "WHEN MATCHED AND (idem_claim(%s, 'm' || s.id)).outcome = 'claimed' THEN UPDATE SET note = 'merged' "
+                  "WHEN NOT MATCHED THEN INSERT VALUES (s.id, 0, (idem_claim(%s, 'n' || s.id)).outcome)"
+                  % (n + 5, T, T))
+        elif r < 0.36:
+            g.add("INSERT INTO ledger SELECT g, 1, NULL FROM generate_series(1, %d) g ON CONFLICT (id) DO UPDATE "
+                  "SET note = (idem_claim(%s, 'u' || excluded.id)).outcome RETURNING id, note" % (n, T))
+        elif r < 0.46:
+            g.add("SELECT id FROM ledger WHERE id <= %d ORDER BY (idem_claim(%s, 'o' || id)).outcome, id"
+                  % (n, T))
+        elif r < 0.56:
+            g.add("SELECT count(*) FILTER (WHERE (idem_claim(%s, 'a' || id)).outcome = 'claimed'), "
+                  "count(*), max(rec_count_sql_stable(%s)) FROM ledger WHERE id <= %d" % (T, T, n))
+        elif r < 0.66:
+            g.add("WITH RECURSIVE r(i, o) AS (SELECT 1, (idem_claim(%s, 'r1')).outcome UNION ALL "
+                  "SELECT i + 1, (idem_claim(%s, 'r' || (i + 1) / 2)).outcome FROM r WHERE i < %d) "
+                  "SELECT i, o FROM r ORDER BY i" % (T, T, n))
+        elif r < 0.76:
+            g.add("SELECT v.k, (idem_claim(%s, v.k)).outcome FROM (VALUES ('v1'), ('v2'), ('v1'), ('v3')) v(k)"
+                  % T)
+        elif r < 0.88:
+            g.add("COPY (SELECT g, (idem_claim(%s, 'y' || g)).outcome, rec_count_sql_stable(%s) FROM "
+                  "generate_series(1, %d) g) TO STDOUT" % (T, T, n), kind='copy_out')
+        else:
+            g.add("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT count(*) FROM ledger "
+                  "WHERE id <= %d AND (idem_claim(%s, 'e' || id)).outcome = 'claimed'" % (n, T))
+    g.add('SELECT count(*), count(note) FROM ledger')
+    g.end()
+
+
+def shape_two_sessions(g):
+    """A second session of the same side looks while the first holds claims:
+    its claims (no wait, or a short wait) meet the holder, its lookups and
+    reads see what is committed; it may hold claims the first then meets."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(1, 6))]
+    g.prior(g.r.sample(keys, g.r.randint(0, min(2, len(keys)))))
+    T = q(g.t)
+
+    def peer(sql, **kw):
+        g.steps.append(Step(sql, peer=True, **kw))
+
+    def peer_look(k):
+        r = g.r.random()
+        if r < 0.35:
+            peer('SELECT outcome, token FROM idem_claim(%s, %s)' % (T, q(k)))
+        elif r < 0.45:
+            peer("SELECT outcome, token FROM idem_claim(%s, %s, wait => '20 ms')" % (T, q(k)))
+        elif r < 0.6:
+            peer('SELECT status, token, response FROM idem_lookup(%s, %s)' % (T, q(k)))
+        elif r < 0.75:
+            peer('SELECT key, status, token FROM idempotency_records WHERE tenant_id = %s ORDER BY key' % T)
+        elif r < 0.85:
+            peer('SELECT key, outcome, token FROM idem_claim_many(%s, ARRAY[%s])'
+                 % (T, ', '.join(q(x) for x in g.r.sample(keys, min(2, len(keys))))))
+        else:
+            peer('SELECT rec_count_sql_stable(%s)' % T)
+
+    mine = keys
+    if g.chance(0.3) and len(keys) > 1:
+        # the second session holds a claim first; the first session only
+        # claims that key (settling it would wait for the second session)
+        peer('BEGIN')
+        peer('SELECT outcome, token FROM idem_claim(%s, %s)' % (T, q(keys[0])))
+        mine = keys[1:]
+        g.claim(keys[0])
+    g.begin()
+    for _ in range(g.r.randint(2, 10)):
+        k = g.r.choice(keys)
+        if g.chance(0.45):
+            peer_look(k)
+        else:
+            g.ops(mine, 1)
+    g.end()
+    peer('COMMIT')
+    for k in keys:
+        if g.chance(0.5):
+            peer_look(k)
+    g.read_records()
+
+
 SHAPES = [
     ('where_insert_select', shape_where_insert_select, 6),
     ('where_update_delete', shape_where_update_delete, 3),
@@ -704,9 +927,9 @@ SHAPES = [
     ('function_reader', shape_function_reader, 4),
     ('function_claimer', shape_function_claimer, 3),
     ('trigger_business', shape_trigger_business, 4),
-    ('trigger_records', shape_trigger_records, 6),
+    ('trigger_records', shape_trigger_records, 4),
     ('update_lookup', shape_update_lookup, 3),
-    ('parallel', shape_parallel, 4),
+    ('parallel', shape_parallel, 3),
     ('savepoint', shape_savepoint, 5),
     ('prepared', shape_prepared, 3),
     ('over_cap', shape_over_cap, 3),
@@ -717,4 +940,11 @@ SHAPES = [
     ('read_only_commit', shape_read_only_commit, 3),
     ('isolation', shape_isolation, 4),
     ('autocommit', shape_autocommit, 4),
+    ('sweep', shape_sweep, 2),
+    ('same_key', shape_same_key, 4),
+    ('procedure', shape_procedure, 3),
+    ('deferred_settle', shape_deferred_settle, 3),
+    ('roles', shape_roles, 2),
+    ('exotic_sql', shape_exotic_sql, 5),
+    ('two_sessions', shape_two_sessions, 4),
 ]
