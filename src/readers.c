@@ -421,6 +421,13 @@ idem_readers_outside_statement(void)
 	return executor_depth == 0;
 }
 
+/* How many executors are starting, running or finishing now (store.c). */
+int
+idem_readers_depth(void)
+{
+	return executor_depth;
+}
+
 static void
 readers_executor_start(QueryDesc *queryDesc, int eflags)
 {

@@ -302,10 +302,14 @@ static bool syscache_callback_registered = false;
  * statements is being planned, sequential scans are discouraged.
  */
 static planner_hook_type prev_planner_hook = NULL;
-static bool planning_store_statement = false;
 
-/* One of our statements is running (pending.c leaves it alone). */
-static bool store_statement_running = false;
+/*
+ * The executor nesting depth (readers.c) at which one of our statements is
+ * being planned or started, or -1.  Statements nested deeper (a user's
+ * trigger on the table, fired by our statement) are the user's own: they
+ * are planned as usual, and classified as any statement is.
+ */
+static int	store_statement_depth = -1;
 
 static PlannedStmt *
 store_planner(Query *parse, const char *query_string, int cursorOptions,
@@ -314,7 +318,7 @@ store_planner(Query *parse, const char *query_string, int cursorOptions,
 	PlannedStmt *result;
 	bool		save_enable_seqscan = enable_seqscan;
 
-	if (planning_store_statement)
+	if (idem_store_running())
 		enable_seqscan = false;
 	PG_TRY();
 	{
@@ -487,10 +491,12 @@ idem_store_is_table(Oid relid)
 	return OidIsValid(relid) && relid == cached_table;
 }
 
+/* Is one of our statements being planned or started right now? */
 bool
 idem_store_running(void)
 {
-	return store_statement_running;
+	return store_statement_depth >= 0 &&
+		store_statement_depth == idem_readers_depth();
 }
 
 /* Has the table the recovery point columns (not with the 1.0 objects)? */
@@ -580,18 +586,17 @@ store_run(IdemQuery q, Datum *values, const char *nulls, bool read_only,
 		  long tcount)
 {
 	SPIPlanPtr	plan = store_plan(q);
+	int			save_depth = store_statement_depth;
 	int			rc;
 
-	planning_store_statement = true;
-	store_statement_running = true;
+	store_statement_depth = idem_readers_depth();
 	PG_TRY();
 	{
 		rc = SPI_execute_plan(plan, values, nulls, read_only, tcount);
 	}
 	PG_FINALLY();
 	{
-		planning_store_statement = false;
-		store_statement_running = false;
+		store_statement_depth = save_depth;
 	}
 	PG_END_TRY();
 	if (rc < 0)
