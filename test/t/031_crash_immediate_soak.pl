@@ -36,6 +36,9 @@ idempotency.sweep_interval = '1s'
 max_connections = 60
 lc_messages = 'C'
 });
+# 46-defer-off runs this test with held claims switched off
+$node->append_conf('postgresql.conf',
+	'idempotency.defer_writes = ' . ($ENV{IDEM_DEFER_WRITES} // 'on'));
 $node->start;
 $node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
 
