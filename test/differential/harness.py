@@ -47,6 +47,9 @@ SELECT json_build_object(
   'inbox', (SELECT coalesce(json_agg(json_build_array(id, tenant, key, amount, outcome, token, seen)
                 ORDER BY id), '[]') FROM inbox),
   'outbox', (SELECT coalesce(json_agg(json_build_array(id, key, token) ORDER BY id), '[]') FROM outbox),
+  'stats', (SELECT json_build_array(claims, claimed, replays, in_progress, mismatches, failed_replays,
+                takeovers, completes, releases, heartbeats, swept_stale, swept_expired, sweeps)
+                FROM idem_stats WHERE datname = current_database()),
   'gids', (SELECT json_agg(gid) FROM pg_prepared_xacts WHERE gid LIKE 'd-%(side)s-%%'))::text
 """
 
@@ -63,12 +66,14 @@ REC_TRIGGERS = {
                  "REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION rec_statement()",
     'refuse': "CREATE TRIGGER rec_refuse BEFORE INSERT ON idempotency_records "
               "FOR EACH ROW EXECUTE FUNCTION rec_refuse()",
+    'shadow': "CREATE TRIGGER rec_shadow_claim AFTER INSERT ON idempotency_records "
+              "FOR EACH ROW EXECUTE FUNCTION rec_shadow_claim()",
     'touch': "CREATE TRIGGER rec_touch BEFORE INSERT ON idempotency_records "
              "FOR EACH ROW EXECUTE FUNCTION rec_touch()",
 }
 REC_TRIGGER_NAMES = {'notify': 'rec_notify', 'notify_stmt': 'rec_notify_stmt', 'count': 'rec_count_rows',
                      'deferred': 'rec_deferred', 'statement': 'rec_statement', 'refuse': 'rec_refuse',
-                     'touch': 'rec_touch'}
+                     'touch': 'rec_touch', 'shadow': 'rec_shadow_claim'}
 
 STATEMENT_TIMEOUT = '10s'
 

@@ -43,7 +43,7 @@ import harness                  # noqa: E402
 import shapes                   # noqa: E402
 from harness import Case, Side, Step, normalise, diff      # noqa: E402
 
-MAX_FULL_REPORTS = 2            # full reproducers printed per shape
+MAX_FULL_REPORTS = 2            # full reproducers printed per shape (and one per class)
 MAX_BRIEF_REPORTS = 10          # difference lines printed per shape (all are counted)
 
 
@@ -212,11 +212,12 @@ def signature(case, where, a, b):
     return '%s @ %s: on [%s] / off [%s]' % (case.shape, kind, sa, sb)
 
 
-def report_difference(case, where, a, b, count):
-    """count: how many differences of this shape were reported before."""
-    if count >= MAX_BRIEF_REPORTS:
+def report_difference(case, where, a, b, count, new_class=False):
+    """count: how many differences of this shape were reported before; the
+    first of each class (see signature) is printed in full."""
+    if count >= MAX_BRIEF_REPORTS and not new_class:
         return
-    full = count < MAX_FULL_REPORTS
+    full = count < MAX_FULL_REPORTS or new_class
     print('DIFFERENCE case %s shape %s at %s' % (case.cid, case.shape, where))
     print('  brief on : %s' % brief(where, a))
     print('  brief off: %s' % brief(where, b))
@@ -325,10 +326,11 @@ def run(args):
             differences += 1
             diff_shape[case.shape] += 1
             sig = signature(case, where, a, b)
-            if sig not in classes:
+            new_class = sig not in classes
+            if new_class:
                 classes[sig] = [0, case.cid]
             classes[sig][0] += 1
-            report_difference(case, where, a, b, reported[case.shape])
+            report_difference(case, where, a, b, reported[case.shape], new_class)
             reported[case.shape] += 1
         if args.progress and case.num % args.progress == 0:
             print('... %d cases, %d differences, %.0fs' % (case.num - args.first + 1, differences,

@@ -119,7 +119,15 @@ class G:
 
     def end(self, allow_2pc=True):
         r = self.r.random()
-        if r < 0.72:
+        if r < 0.66:
+            self.add('COMMIT')
+        elif r < 0.69:
+            self.add('COMMIT AND CHAIN')
+            self.read_records()
+            self.add('COMMIT')
+        elif r < 0.72:
+            self.add('ROLLBACK AND CHAIN')
+            self.read_records()
             self.add('COMMIT')
         elif r < 0.86:
             self.add('ROLLBACK')
@@ -176,7 +184,7 @@ class G:
             else:
                 self.add('SELECT %s(%s)' % (self.r.choice(
                     ['rec_count_sql_stable', 'rec_count_sql_volatile', 'rec_count_plpgsql_stable',
-                     'rec_count_plpgsql_volatile']), q(self.t)))
+                     'rec_count_plpgsql_volatile', 'rec_count_dynamic', 'rec_count_definer']), q(self.t)))
 
     def txn(self, keys, n):
         self.begin()
@@ -235,6 +243,8 @@ def shape_target_list(g):
     n = g.r.randint(1, min(g.rows, 80))
     reader = g.r.choice(['rec_count_sql_stable(%s)', 'rec_count_sql_volatile(%s)',
                          'rec_count_plpgsql_stable(%s)', 'rec_count_plpgsql_volatile(%s)',
+                         'rec_count_dynamic(%s)', 'rec_count_definer(%s)',
+                         "(SELECT count(*) FROM rec_view WHERE tenant_id = %s)",
                          'ledger_count_stable()', 'ledger_count_volatile()'])
     reader = reader % q(g.t) if '%s' in reader else reader
     autocommit = g.chance(0.25)
@@ -415,7 +425,8 @@ def shape_trigger_records(g):
     constraint triggers, a statement trigger with a transition table, a
     BEFORE trigger that refuses or changes rows."""
     g.rows = rows_small(g)
-    g.triggers = sorted(g.r.sample(['notify', 'notify_stmt', 'count', 'deferred', 'statement', 'refuse', 'touch'],
+    g.triggers = sorted(g.r.sample(['notify', 'notify_stmt', 'count', 'deferred', 'statement', 'refuse', 'touch',
+                                    'shadow'],
                                    g.r.randint(1, 3)))
     g.note = 'triggers ' + ','.join(g.triggers)
     keys = [g.key() for _ in range(g.r.randint(2, 6))]
@@ -860,9 +871,14 @@ def shape_exotic_sql(g):
         elif r < 0.88:
             g.add("COPY (SELECT g, (idem_claim(%s, 'y' || g)).outcome, rec_count_sql_stable(%s) FROM "
                   "generate_series(1, %d) g) TO STDOUT" % (T, T, n), kind='copy_out')
-        else:
+        elif r < 0.92:
             g.add("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT count(*) FROM ledger "
                   "WHERE id <= %d AND (idem_claim(%s, 'e' || id)).outcome = 'claimed'" % (n, T))
+        else:
+            # the statement claims and reads the table directly
+            g.add("WITH c AS (SELECT g, idem_claim(%s, 'w' || g) AS r FROM generate_series(1, %d) g) "
+                  "SELECT (SELECT count(*) FROM c WHERE (r).outcome = 'claimed'), "
+                  "(SELECT count(*) FROM idempotency_records WHERE tenant_id = %s)" % (T, n, T))
     g.add('SELECT count(*), count(note) FROM ledger')
     g.end()
 
@@ -918,6 +934,54 @@ def shape_two_sessions(g):
     g.read_records()
 
 
+def shape_table_direct(g):
+    """Held claims, then the transaction touches the table itself: SELECT ...
+    FOR UPDATE, DELETE, UPDATE, LOCK, CREATE TEMP TABLE AS, a view, a cursor
+    declared before the claims; then settles of the same keys."""
+    g.rows = rows_small(g)
+    T = q(g.t)
+    keys = [g.key() for _ in range(g.r.randint(1, 6))]
+    g.prior(g.r.sample(keys, g.r.randint(0, min(2, len(keys)))))
+    autocommit_many = g.chance(0.15)
+    if autocommit_many:
+        g.add("SELECT count(*) FROM generate_series(1, %d) g WHERE (idem_claim(%s, 'a' || g)).outcome = 'claimed'"
+              % (g.r.randint(20, 90), T))
+    g.begin()
+    cursor = g.chance(0.3)
+    if cursor:
+        g.add('DECLARE rc CURSOR FOR SELECT key, status FROM idempotency_records WHERE tenant_id = %s' % T)
+    for k in keys:
+        g.claim(k)
+    for _ in range(g.r.randint(1, 4)):
+        k = g.r.choice(keys)
+        r = g.r.random()
+        if r < 0.2:
+            g.add('SELECT key, status, token FROM idempotency_records WHERE tenant_id = %s AND key = %s FOR UPDATE'
+                  % (T, q(k)))
+        elif r < 0.3:
+            g.add('DELETE FROM idempotency_records WHERE tenant_id = %s AND key = %s RETURNING key, status'
+                  % (T, q(k)))
+        elif r < 0.4:
+            g.add("UPDATE idempotency_records SET fingerprint = 'direct' WHERE tenant_id = %s AND key = %s "
+                  "RETURNING key, status" % (T, q(k)))
+        elif r < 0.5:
+            g.add('LOCK TABLE idempotency_records IN SHARE MODE')
+        elif r < 0.6:
+            g.add('CREATE TEMP TABLE snap ON COMMIT DROP AS SELECT key, status FROM idempotency_records '
+                  'WHERE tenant_id = %s' % T)
+            g.add('SELECT key, status FROM snap ORDER BY key')
+        elif r < 0.7:
+            g.add('SELECT key, status FROM rec_view WHERE tenant_id = %s ORDER BY key' % T)
+        elif r < 0.8 and cursor:
+            g.add('FETCH ALL FROM rc')
+        else:
+            g.settle_any(k)
+    for k in g.r.sample(keys, g.r.randint(0, len(keys))):
+        g.settle_any(k)
+    g.end()
+    g.read_records()
+
+
 SHAPES = [
     ('where_insert_select', shape_where_insert_select, 6),
     ('where_update_delete', shape_where_update_delete, 3),
@@ -947,4 +1011,5 @@ SHAPES = [
     ('roles', shape_roles, 2),
     ('exotic_sql', shape_exotic_sql, 5),
     ('two_sessions', shape_two_sessions, 4),
+    ('table_direct', shape_table_direct, 4),
 ]
