@@ -101,6 +101,25 @@ def setup_databases(args):
     return version
 
 
+def holding_probe(side, args):
+    """Has one fresh claim (BEGIN; SELECT * FROM idem_claim(...)) written its
+    record before it settles?  Asked without looking from inside the
+    transaction (any function call may count as a reader that makes held
+    claims be written): a second session reads the size of the table's file,
+    emptied just before.  Returns the bytes written (0: the claim is held)."""
+    side.reset(Case(args.seed, 0, 'probe', rows=1))
+    cur = side.conn.cursor()
+    cur.execute('BEGIN')
+    cur.execute("SELECT * FROM idem_claim('probe', 'probe')")
+    peer = side.peer_conn().cursor()
+    peer.execute("SELECT pg_relation_size('idempotency_records')")
+    n = peer.fetchone()[0]
+    peer.close()
+    cur.execute('ROLLBACK')
+    cur.close()
+    return n
+
+
 class Runner(threading.Thread):
     """Runs every case on one side, in order; results go to a queue."""
 
@@ -249,6 +268,11 @@ def run(args):
             print('ERROR: side %s has idempotency.defer_writes = %s, expected %s'
                   % (name, s.defer_writes, want[name]))
             return 2
+    if not args.self_test and args.show is None:
+        probe = {name: holding_probe(s, args) for name, s in sides.items()}
+        print('DIFF-PROBE on=%d off=%d (bytes the records table holds after BEGIN; one fresh claim: '
+              '0 = the claim is held in memory, so the comparison exercises holding)'
+              % (probe['on'], probe['off']))
     print('server %d, %s = forced parallel plans; sides: on (%s), off (%s)%s'
           % (version, shapes.PARALLEL_GUC, sides['on'].defer_writes, sides['off'].defer_writes,
              ' [self-test: both off, differences planted]' if args.self_test else ''))
