@@ -19,8 +19,9 @@ Usage:
   run.py --port P --seed S --cases N --only SHAPE,...  only the cases of these shapes
 
 It (re)creates the databases diff_on and diff_off itself (--keep-dbs reuses
-them; --db-prefix names others, for two runs on one server).  The server must preload the library, have max_prepared_transactions
-> 0 and room for parallel workers (test/suites/45-differential starts one).
+them; --db-prefix names others, for two runs on one server).  The server
+must preload the library, have max_prepared_transactions > 0 and room for
+parallel workers (test/suites/45-differential starts one).
 """
 
 import argparse
@@ -39,7 +40,6 @@ import psycopg2
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import harness                  # noqa: E402
 import shapes                   # noqa: E402
 from harness import Case, Side, Step, normalise, diff      # noqa: E402
 

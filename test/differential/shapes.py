@@ -845,8 +845,8 @@ def shape_exotic_sql(g):
     for _ in range(g.r.randint(1, 3)):
         r = g.r.random()
         if r < 0.12:
-            g.add("SELECT l.id, c.outcome, rec_count_sql_stable(%s) FROM ledger l, LATERAL idem_claim(%s, 'l' || l.id) c "
-                  "WHERE l.id <= %d ORDER BY l.id" % (T, T, n))
+            g.add("SELECT l.id, c.outcome, rec_count_sql_stable(%s) FROM ledger l, "
+                  "LATERAL idem_claim(%s, 'l' || l.id) c WHERE l.id <= %d ORDER BY l.id" % (T, T, n))
         elif r < 0.24:
             g.add("MERGE INTO ledger l USING (SELECT g AS id FROM generate_series(1, %d) g) s ON l.id = s.id "
                   "WHEN MATCHED AND (idem_claim(%s, 'm' || s.id)).outcome = 'claimed' THEN UPDATE SET note = 'merged' "
