@@ -47,6 +47,8 @@ SELECT json_build_object(
   'inbox', (SELECT coalesce(json_agg(json_build_array(id, tenant, key, amount, outcome, token, seen)
                 ORDER BY id), '[]') FROM inbox),
   'outbox', (SELECT coalesce(json_agg(json_build_array(id, key, token) ORDER BY id), '[]') FROM outbox),
+  'checked', (SELECT coalesce(json_agg(json_build_array(id, k, k2, seen) ORDER BY id), '[]') FROM checked),
+  'orders', (SELECT coalesce(json_agg(json_build_array(id, key, amount) ORDER BY id), '[]') FROM orders),
   'stats', (SELECT json_build_array(claims, claimed, replays, in_progress, mismatches, failed_replays,
                 takeovers, completes, releases, heartbeats, swept_stale, swept_expired, sweeps)
                 FROM idem_stats WHERE datname = current_database()),
@@ -74,6 +76,12 @@ REC_TRIGGERS = {
 REC_TRIGGER_NAMES = {'notify': 'rec_notify', 'notify_stmt': 'rec_notify_stmt', 'count': 'rec_count_rows',
                      'deferred': 'rec_deferred', 'statement': 'rec_statement', 'refuse': 'rec_refuse',
                      'touch': 'rec_touch', 'shadow': 'rec_shadow_claim'}
+# how each is removed again (before the next case's TRUNCATE)
+REC_TRIGGER_DROPS = {t: 'DROP TRIGGER IF EXISTS %s ON idempotency_records' % n
+                     for t, n in REC_TRIGGER_NAMES.items()}
+REC_TRIGGERS['fk'] = ('ALTER TABLE orders ADD CONSTRAINT orders_record_fk FOREIGN KEY (tenant, key) '
+                      'REFERENCES idempotency_records')
+REC_TRIGGER_DROPS['fk'] = 'ALTER TABLE orders DROP CONSTRAINT IF EXISTS orders_record_fk'
 
 STATEMENT_TIMEOUT = '10s'
 
@@ -162,7 +170,7 @@ class Side:
         self.defer_writes = cur.fetchone()[0]
         cur.close()
         # the first reset drops whatever triggers an earlier run left behind
-        self.triggers = set(REC_TRIGGER_NAMES)
+        self.triggers = set(REC_TRIGGER_DROPS)
 
     def close(self):
         for c in (self.conn, self.peer):
@@ -194,8 +202,7 @@ class Side:
         return rows
 
     def reset(self, case):
-        parts = ['DROP TRIGGER IF EXISTS %s ON idempotency_records' % REC_TRIGGER_NAMES[t]
-                 for t in sorted(self.triggers)]
+        parts = [REC_TRIGGER_DROPS[t] for t in sorted(self.triggers)]
         parts.append('SELECT reset_case(%d)' % case.rows)
         parts += [REC_TRIGGERS[t] for t in case.rec_triggers]
         self._simple(';\n'.join(parts))

@@ -22,6 +22,25 @@ CREATE TABLE inbox (
 -- at COMMIT (or PREPARE TRANSACTION, or SET CONSTRAINTS ... IMMEDIATE)
 CREATE TABLE outbox (id bigserial PRIMARY KEY, tenant text NOT NULL, key text NOT NULL, token bigint);
 
+-- Readers hidden in constraints, defaults, domains and operators: the
+-- statement names none of them, PostgreSQL runs them for it.
+CREATE FUNCTION rec_key_exists(k text) RETURNS boolean
+    LANGUAGE sql STABLE AS $$SELECT EXISTS (SELECT 1 FROM idempotency_records WHERE key = k)$$;
+CREATE FUNCTION rec_count_all() RETURNS bigint
+    LANGUAGE sql VOLATILE AS $$SELECT count(*) FROM idempotency_records$$;
+CREATE DOMAIN recorded_key AS text CHECK (VALUE IS NULL OR rec_key_exists(VALUE));
+CREATE TABLE checked (
+    id   int PRIMARY KEY,
+    k    recorded_key,
+    k2   text CHECK (k2 IS NULL OR rec_key_exists(k2)),
+    seen bigint DEFAULT rec_count_all());
+CREATE FUNCTION rec_has(k text, t text) RETURNS boolean
+    LANGUAGE sql STABLE AS $$SELECT EXISTS (SELECT 1 FROM idempotency_records WHERE tenant_id = t AND key = k)$$;
+CREATE OPERATOR @@@ (LEFTARG = text, RIGHTARG = text, FUNCTION = rec_has);
+-- a case may add a foreign key from here to idempotency_records (see
+-- harness.REC_TRIGGERS['fk'])
+CREATE TABLE orders (id int PRIMARY KEY, tenant text NOT NULL, key text NOT NULL, amount int);
+
 -- Empty every table (records included) and fill the ledger with rows 1..n.
 -- TRUNCATE gives both sides the same physical start (scan order); a table
 -- whose file is still empty never held a row since, so it is skipped (a
@@ -31,7 +50,7 @@ DECLARE
     t text;
     tables text := 'ledger, idempotency_records';
 BEGIN
-    FOREACH t IN ARRAY ARRAY['audit', 'inbox', 'outbox'] LOOP
+    FOREACH t IN ARRAY ARRAY['audit', 'inbox', 'outbox', 'checked', 'orders'] LOOP
         IF pg_relation_size(t::regclass) > 0 THEN
             tables := tables || ', ' || t;
         END IF;
@@ -265,9 +284,10 @@ END $$;
 -- Roles (cluster-wide, created by run.py): diff_app has the documented
 -- application grants; diff_noinsert may not insert records (claims by it are
 -- written at once, so both sides fail at the claim).
-GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records, ledger, audit, inbox, outbox TO diff_app;
+GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records, ledger, audit, inbox, outbox, checked, orders
+    TO diff_app;
 GRANT SELECT ON rec_view TO diff_app, diff_noinsert;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO diff_app, diff_noinsert;
 GRANT SELECT, UPDATE, DELETE ON idempotency_records TO diff_noinsert;
-GRANT SELECT, INSERT, UPDATE, DELETE ON ledger, audit, inbox, outbox TO diff_noinsert;
+GRANT SELECT, INSERT, UPDATE, DELETE ON ledger, audit, inbox, outbox, checked, orders TO diff_noinsert;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO diff_app, diff_noinsert;

@@ -982,6 +982,45 @@ def shape_table_direct(g):
     g.read_records()
 
 
+def shape_hidden_readers(g):
+    """Held claims, then statements whose readers the SQL does not name: a
+    domain CHECK, a table CHECK, a column DEFAULT, a user operator, a foreign
+    key to idempotency_records (its check queries the table), then settles
+    (a release without failure deletes a referenced record)."""
+    g.rows = rows_small(g)
+    T = q(g.t)
+    fk = g.chance(0.5)
+    g.triggers = ['fk'] if fk else []
+    g.note = 'foreign key to the records' if fk else ''
+    keys = [g.key() for _ in range(g.r.randint(1, 5))]
+    g.prior(g.r.sample(keys, g.r.randint(0, min(2, len(keys)))))
+    g.begin()
+    for k in keys:
+        if g.chance(0.8):
+            g.claim(k)
+    n = 0
+    for _ in range(g.r.randint(1, 5)):
+        k = g.r.choice(keys + ['nokey'])
+        n += 1
+        r = g.r.random()
+        if r < 0.25:
+            g.add('INSERT INTO checked (id, k) VALUES (%d, %s) RETURNING id, seen' % (n, q(k)))
+        elif r < 0.4:
+            g.add('INSERT INTO checked (id, k2) VALUES (%d, %s) RETURNING id, seen' % (n, q(k)))
+        elif r < 0.5:
+            g.add('INSERT INTO checked (id) SELECT g FROM generate_series(%d, %d) g RETURNING id, seen'
+                  % (100 + n * 10, 100 + n * 10 + 3))
+        elif r < 0.65:
+            g.add('SELECT k FROM unnest(ARRAY[%s]) k WHERE k @@@ %s ORDER BY k'
+                  % (', '.join(q(x) for x in keys + ['nokey']), T))
+        else:
+            g.add('INSERT INTO orders VALUES (%d, %s, %s, %d) RETURNING id' % (n, T, q(k), n))
+    for k in g.r.sample(keys, g.r.randint(0, len(keys))):
+        g.settle_any(k)
+    g.end()
+    g.read_records()
+
+
 SHAPES = [
     ('where_insert_select', shape_where_insert_select, 6),
     ('where_update_delete', shape_where_update_delete, 3),
@@ -1012,4 +1051,5 @@ SHAPES = [
     ('exotic_sql', shape_exotic_sql, 5),
     ('two_sessions', shape_two_sessions, 4),
     ('table_direct', shape_table_direct, 4),
+    ('hidden_readers', shape_hidden_readers, 4),
 ]
