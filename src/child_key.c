@@ -17,6 +17,7 @@
 #include "common/sha2.h"
 #include "utils/builtins.h"
 
+#include "compat.h"
 #include "idempotency.h"
 
 PG_FUNCTION_INFO_V1(idem_child_key);

@@ -8,6 +8,11 @@
 
 #include "executor/executor.h"
 
+/* PostgreSQL 16 moved the varlena macros out of postgres.h. */
+#if PG_VERSION_NUM >= 160000
+#include "varatt.h"
+#endif
+
 /* PostgreSQL 18 dropped ExecutorRun's execute_once argument. */
 #if PG_VERSION_NUM >= 180000
 #define IDEM_EXECUTOR_RUN_PARAMS \
