@@ -1,5 +1,6 @@
-"""Checks the invariants I1-I7 of the idempotency extension from a soak
-history (history.py) and the final tables.
+"""Checks the invariants I1-I7 of the idempotency extension, and I9 for
+multi-step work (recovery points), from a soak history (history.py) and the
+final tables.
 
 The history gives, for every call, the client-clock interval [t0, t1] in
 which the server executed it; server timestamps (lease ends) come from the
@@ -15,8 +16,15 @@ import hashlib
 import time
 from collections import defaultdict
 
-SETTLES = ("complete", "release", "fail", "heartbeat")
+SETTLES = ("complete", "release", "fail", "heartbeat", "checkpoint")
+POINT_PHASE = {None: 0, "p1": 1, "p2": 2}   # multi-step recovery point -> phases done
 FENCING_SQLSTATES = ("ID001", "ID002")   # no record / token no longer holds the key
+
+
+def fencing(op):
+    """Is op's error a fencing refusal?  (A stale token gets ID002 even on a
+    key completed meanwhile: the token check comes first.)"""
+    return op.get("err") in FENCING_SQLSTATES
 GRACE_S = 2.0                           # scheduling slack on top of lease + sweep interval
 
 
@@ -79,6 +87,7 @@ class Holder:
         self.mode = claim["m"]
         self.heartbeats = []
         self.settles = []
+        self.checkpoints = []
 
     def spans(self, txns):
         """Client-clock spans in which this holder certainly held the key."""
@@ -127,6 +136,12 @@ def load_final(conn, tenants):
                               "lease_end": r[6]} for r in cur.fetchall()}
     payments = defaultdict(list)
     effects = defaultdict(list)
+    steps = defaultdict(list)
+    cur.execute("SELECT 1 FROM pg_class WHERE oid = to_regclass('soak.steps')")
+    if cur.fetchone():
+        cur.execute("SELECT tenant_id, key, phase, delivery, token FROM soak.steps")
+        for r in cur.fetchall():
+            steps[(r[0], r[1])].append({"ph": r[2], "d": r[3], "tok": r[4]})
     cur.execute("SELECT 1 FROM pg_class WHERE oid = to_regclass('soak.payments')")
     if cur.fetchone():
         cur.execute("SELECT tenant_id, key, delivery, token, response_sha FROM soak.payments")
@@ -135,7 +150,7 @@ def load_final(conn, tenants):
         cur.execute("SELECT tenant_id, key, delivery, token FROM soak.effects")
         for r in cur.fetchall():
             effects[(r[0], r[1])].append({"d": r[2], "tok": r[3]})
-    return records, payments, effects
+    return records, payments, effects, steps
 
 
 def acknowledged_settles(events):
@@ -153,7 +168,7 @@ def acknowledged_settles(events):
 def verify_acknowledged(conn, events):
     """I4 alone: every acknowledged completion in the history is stored."""
     tenants = events[0]["tenants"]
-    records, _, _ = load_final(conn, tenants)
+    records = load_final(conn, tenants)[0]
     lost = []
     acked = acknowledged_settles(events)
     for e, _ in acked:
@@ -179,8 +194,12 @@ class History:
         self.gaveup = []
         self.abandoned = []
         self.errors = []
+        self.deleted = defaultdict(list)        # key -> commit times of its records' DELETEs
         for e in events[1:]:
             kind = e["e"]
+            if kind == "deleted":
+                self.deleted[(e["tn"], e["k"])].append((e["t1"], e.get("xid")))
+                continue
             if kind == "gaveup":
                 self.gaveup.append(e)
                 continue
@@ -204,6 +223,8 @@ class History:
                     if op.get("tok") == c["tok"] and op is not c:
                         if op["e"] == "heartbeat":
                             h.heartbeats.append(op)
+                        elif op["e"] == "checkpoint":
+                            h.checkpoints.append(op)
                         elif op["e"] in ("complete", "release", "fail"):
                             h.settles.append(op)
                 self.holders[h.key].append(h)
@@ -273,7 +294,7 @@ def check_no_double_execution(hist, final, i2, lease_pairs, events):
     """I2: in-transaction work committed exactly once per completed key and
     never for other keys; one accepted settle per key; every two-phase
     completion preceded by its holder's work; executions only by winners."""
-    records, payments, effects = final
+    records, payments, effects = final[:3]
     accepted = defaultdict(list)
     for e, _ in acknowledged_settles(events):
         accepted[(e["tn"], e["k"])].append(e)
@@ -298,7 +319,8 @@ def check_no_double_execution(hist, final, i2, lease_pairs, events):
                             % (key + (rec and rec["status"], pays)))
                 if rec is not None:
                     i2.fail("%s/%s: in-transaction key left %s" % (key + (rec["status"],)))
-        elif rec is not None and rec["status"] in ("completed", "failed"):
+        elif hist.mode[key] == "lease" and rec is not None and rec["status"] in ("completed",
+                                                                                   "failed"):
             if not any(e["tok"] == rec["tok"] for e in effects.get(key, [])):
                 i2.fail("%s/%s: %s by token %d whose holder never did the work"
                         % (key + (rec["status"], rec["tok"])))
@@ -320,7 +342,7 @@ def check_fencing(hist, final, i3):
     refused = defaultdict(int)
     for key, holders in hist.holders.items():
         for h in holders:
-            for s in h.settles + h.heartbeats:
+            for s in h.settles + h.heartbeats + h.checkpoints:
                 i3.checked += 1
                 newer = [n for n in holders if n.tok > h.tok]
                 if s.get("ok"):
@@ -331,7 +353,7 @@ def check_fencing(hist, final, i3):
                                     % (key + (s["e"], h.tok, n.tok)))
                             break
                     continue
-                if s.get("err") not in FENCING_SQLSTATES:
+                if not fencing(s):
                     continue   # reported by the error check
                 refused[s["err"]] += 1
                 cause = any(n.claim["t0"] < s["t1"] and n.txn.maybe_committed() for n in newer)
@@ -505,7 +527,7 @@ def abandoned_keys(hist, records):
         durable = [h for h in holders if h.txn.status == "committed"]
         if durable:
             last = max(durable, key=lambda h: h.tok)
-            if last.mode == "lease" and not last.settles:
+            if last.mode in ("lease", "multi") and not last.settles:
                 out[key] = (last.fp, last.valid_until(hist.txns))
     for key, r in records.items():
         if r["status"] == "processing":
@@ -555,6 +577,123 @@ def check_liveness_at_end(conn, hist, final, tenants, i7, sweeper):
                     % (len(stale), how, reclaimed))
 
 
+def check_multi_step(hist, final, i9):
+    """I9: multi-step keys.  Every phase's row (soak.steps, written in the
+    transaction of its checkpoint) exists at most once per key and, for a
+    completed key, exactly once; every holder received the recovery point
+    and state of the last committed checkpoint and ran only the phases after
+    it.  The one exception is documented: when the record was deleted (the
+    sweeper removed it after its lease, seen through the logical slot), its
+    checkpoint is forgotten and the next holder starts over; phases repeat
+    only across such a deletion, and only a sweep may delete: not a call
+    of the key's own holders (their transaction ids are in the history: a
+    release that deleted a checkpointed record, say), and not while the
+    last holder's lease was live.  Holders are taken in token order (tokens
+    increase per key across takeovers, releases and deletions); a deletion
+    forgets the rows whose transaction sent COMMIT before it committed."""
+    records, steps = final[0], final[3]
+    commit_of = {}      # (key, token, phase) -> the step transaction
+    own_xids = defaultdict(set)
+    for t in hist.txns.values():
+        for op in t.ops:
+            if op["e"] == "step":
+                commit_of[((op["tn"], op["k"]), op["tok"], op["ph"])] = t
+            if op.get("xid") is not None:
+                own_xids[(op["tn"], op["k"])].add(op["xid"])
+    keys = [k for k, m in hist.mode.items() if m == "multi"]
+    once = restarted = resumed = rows_total = 0
+    by_point = defaultdict(int)
+    for key in keys:
+        i9.checked += 1
+        holders = sorted((h for h in hist.holders.get(key, ()) if h.txn.maybe_committed()),
+                         key=lambda h: h.tok)
+        toks = {h.tok for h in holders}
+        rows = defaultdict(list)
+        for r in steps.get(key, []):
+            rows_total += 1
+            if r["tok"] not in toks:
+                i9.fail("%s/%s: phase %d written by token %d, which never won the key"
+                        % (key + (r["ph"], r["tok"])))
+                continue
+            rows[r["tok"]].append(r)
+        deletions = sorted(hist.deleted.get(key, ()))
+        remembered = {}        # phase -> (token, delivery, COMMIT sent at)
+        applied = 0
+        forgot = False
+        prev = None
+        for h in holders:
+            while applied < len(deletions) and deletions[applied][0] < h.claim["t1"]:
+                d, xid = deletions[applied]
+                applied += 1
+                kept = {p: v for p, v in remembered.items() if v[2] > d}
+                if len(kept) == len(remembered):
+                    continue
+                if xid in own_xids[key]:
+                    i9.fail("%s/%s: a call of the key's own holders (transaction %d) deleted"
+                            " the record with checkpoint %s" % (key + (xid, max(remembered))))
+                    continue
+                stale = prev.valid_until(hist.txns) if prev else 0
+                for st in (prev.settles if prev else ()):
+                    if st["e"] == "release" and st.get("ok"):
+                        stale = min(stale, hist.txns[st["x"]].end["t0"])
+                if d < stale:
+                    i9.fail("%s/%s: the record with checkpoint %s was deleted at %.3f, while"
+                            " the lease of token %d ran until %.3f"
+                            % (key + (max(remembered), d, prev.tok, stale)))
+                    continue
+                forgot = True
+                remembered = kept
+            done = max((p for p in remembered if p < 3), default=0)
+            got = POINT_PHASE.get(h.claim.get("rp"), -1)
+            if got:
+                resumed += 1
+                by_point[h.claim["rp"]] += 1
+            if 3 in remembered:
+                pass        # a winner after a completion: I1 reports it
+            elif got != done:
+                i9.fail("%s/%s: holder of token %d (delivery %d) received recovery point %s;"
+                        " the last committed one is %s"
+                        % (key + (h.tok, h.claim["d"], h.claim.get("rp"),
+                                  "p%d" % done if done else None)))
+            elif got:
+                tok, dlv, _ = remembered[got]
+                want = {"d": dlv, "tok": tok, "phase": got}
+                if h.claim.get("st") != want:
+                    i9.fail("%s/%s: holder of token %d received state %s, checkpointed %s"
+                            % (key + (h.tok, h.claim.get("st"), want)))
+            for r in sorted(rows.get(h.tok, []), key=lambda r: r["ph"]):
+                txn = commit_of.get((key, h.tok, r["ph"]))
+                if r["ph"] <= got:
+                    i9.fail("%s/%s: holder of token %d ran phase %d after receiving point %s"
+                            % (key + (h.tok, r["ph"], h.claim.get("rp"))))
+                if r["ph"] in remembered:
+                    i9.fail("%s/%s: phase %d ran twice (tokens %d and %d) with no deletion of"
+                            " the record between them"
+                            % (key + (r["ph"], remembered[r["ph"]][0], h.tok)))
+                sent = txn.end["t0"] if txn is not None and txn.end else float("inf")
+                remembered[r["ph"]] = (h.tok, r["d"], sent)
+            prev = h
+        rec = records.get(key)
+        if rec is not None and rec["status"] == "completed":
+            last = {p: v[0] for p, v in remembered.items()}
+            if sorted(last) != [1, 2, 3] or last[3] != rec["tok"]:
+                i9.fail("%s/%s: completed by token %d, phases of the last run %s"
+                        % (key + (rec["tok"], last)))
+        elif rec is not None and rec["status"] == "failed":
+            i9.fail("%s/%s: a multi-step key ended failed" % key)
+        phases = [r["ph"] for r in steps.get(key, [])]
+        if phases and all(phases.count(p) == 1 for p in phases):
+            once += 1
+        if forgot:
+            restarted += 1
+    i9.notes.append("%d keys, %d phase rows; every phase exactly once in %d keys, %d restarted"
+                    " after the sweeper deleted their checkpointed record; %d resumed holders"
+                    " (%s)" % (len(keys), rows_total, once, restarted, resumed,
+                               ", ".join("from %s %d" % kv for kv in sorted(by_point.items()))))
+    return {"keys": len(keys), "rows": rows_total, "once": once, "restarted": restarted,
+            "resumed": resumed}
+
+
 def check_errors(hist, errs, crashes_expected):
     """Every failed call is a fencing refusal (judged by I3) or, when the soak
     crashes the server on purpose, a lost connection."""
@@ -569,7 +708,7 @@ def check_errors(hist, errs, crashes_expected):
                 conn_lost += 1
                 if not crashes_expected:
                     errs.fail("%s/%s: %s lost its connection" % (op["tn"], op["k"], op["e"]))
-            elif not (op["e"] in SETTLES and err in FENCING_SQLSTATES):
+            elif not (op["e"] in SETTLES and fencing(op)):
                 errs.fail("%s/%s: %s of delivery %d failed with SQLSTATE %s (%s)"
                           % (op["tn"], op["k"], op["e"], op["d"], err, op.get("msg")))
         if t.end is not None and t.end["res"] == "error":
@@ -590,6 +729,7 @@ def check_history(events, final, crashes_expected=False):
     i6 = Check("I6", "mismatch never executes")
     i7 = Check("I7", "liveness")
     errs = Check("E", "only documented errors")
+    i9 = Check("I9", "multi-step: each phase once, resume from the last point")
 
     lease_pairs = check_single_winner(hist, i1, i2)
     n_pay, n_eff = check_no_double_execution(hist, final, i2, lease_pairs, events)
@@ -599,6 +739,9 @@ def check_history(events, final, crashes_expected=False):
     mismatches = check_mismatch(hist, i6)
     busy = check_liveness_in_run(hist, i7)
     check_errors(hist, errs, crashes_expected)
+    multi = hist.header.get("multi")
+    if multi:
+        m = check_multi_step(hist, final, i9)
 
     takeovers = sum(1 for hs in hist.holders.values() for h in hs
                     if any(p.tok == h.tok - 1 for p in hs))
@@ -614,7 +757,29 @@ def check_history(events, final, crashes_expected=False):
            rollbacks, releases, len(hist.abandoned), busy),
         "acknowledged completions checked: %d, lost: %d" % (acked, lost),
     ]
-    return Report([i1, i2, i3, i4, i5, i6, i7, errs], figures), hist
+    checks = [i1, i2, i3, i4, i5, i6, i7, errs]
+    if multi:
+        multi_holders = [h for k, hs in hist.holders.items() if hist.mode[k] == "multi"
+                         for h in hs]
+        faults = defaultdict(int)
+        for a in hist.abandoned:
+            if a.get("m") == "multi":
+                faults[a.get("how")] += 1
+        releases = sum(1 for h in multi_holders for s in h.settles
+                       if s["e"] == "release" and s.get("ok"))
+        refused = sum(1 for h in multi_holders for c in h.checkpoints + h.settles
+                      if not c.get("ok") and fencing(c))
+        checkpoints = sum(1 for h in multi_holders for c in h.checkpoints if c.get("ok"))
+        figures.append(
+            "multi-step: %d keys, %d holders, %d phase rows, %d checkpoints accepted; between"
+            " phases %d holders died, %d rolled a phase back and died, %d released, %d stalled"
+            " past their lease (zombies; %d checkpoints or completions refused); resumed holders"
+            " %d; keys restarted after a sweep %d; deletions observed %d"
+            % (m["keys"], len(multi_holders), m["rows"], checkpoints, faults["die"],
+               faults["rollback"], releases, faults["stall"], refused, m["resumed"],
+               m["restarted"], sum(len(v) for v in hist.deleted.values())))
+        checks.insert(7, i9)
+    return Report(checks, figures), hist
 
 
 def check(conn, events, sweeper="auto", crashes_expected=False):

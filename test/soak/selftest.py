@@ -4,7 +4,8 @@
 Takes the history of a soak that passed and the final tables it left, and
 plants one fault at a time (a second winner, a double execution, an accepted
 stale settle, a lost completion, a changed replay, an executed mismatch, a
-stuck key, an undocumented error).  Each fault must be reported by the
+stuck key, an undocumented error; for multi-step keys: a phase run twice, a
+resumed holder handed no recovery point, a zombie's checkpoint accepted).  Each fault must be reported by the
 check it belongs to; the unchanged history must report none.
 
 Usage: selftest.py --history FILE --host H --port P [--dbname D --user U]
@@ -126,6 +127,35 @@ def undocumented_error(events, final, c, ends):
     return undo
 
 
+def multi_step_row(e, ends, acked):
+    return e["e"] == "step" and e["ph"] == 1 and e["x"] in ends
+
+
+def phase_twice(events, final, step, ends):
+    """The phase's row written a second time by the same holder."""
+    rows = final[3][(step["tn"], step["k"])]
+    row = next(r for r in rows if r["tok"] == step["tok"] and r["ph"] == step["ph"])
+    rows.append(dict(row))
+    return rows.pop
+
+
+def resumed_holder(e, ends, acked):
+    return e["e"] == "claim" and e.get("out") == "claimed" and e.get("rp") is not None
+
+
+def resumed_from_scratch(events, final, c, ends):
+    old = c["rp"], c["st"]
+    c["rp"], c["st"] = None, None
+
+    def undo():
+        c["rp"], c["st"] = old
+    return undo
+
+
+def refused_checkpoint(e, ends, acked):
+    return e["e"] == "checkpoint" and e.get("err") == "ID002"
+
+
 FAULTS = [
     ("two winners of one key at once", committed_tx_winner, second_winner, "I1"),
     ("a second business row for a completed key", paid_and_committed, double_execution, "I2"),
@@ -135,7 +165,11 @@ FAULTS = [
     ("another fingerprint answered as a replay", mismatch_after_ack, mismatch_executed, "I6"),
     ("in_progress for a lease that had ended", in_progress_on_lease, stuck_key, "I7"),
     ("an XX000 error", a_replay, undocumented_error, "E"),
+    ("a multi-step phase run twice", multi_step_row, phase_twice, "I9"),
+    ("a resumed holder handed no recovery point", resumed_holder, resumed_from_scratch, "I9"),
+    ("a zombie's checkpoint accepted", refused_checkpoint, stale_settle_accepted, "I3"),
 ]
+MULTI_FAULTS = {"I9"}
 SAMPLE_KEYS = 300
 
 
@@ -162,6 +196,9 @@ def main(argv):
     # a default soak's history to seconds.
     ends = committed_ends(events)
     acked = acked_times(events)
+    if not events[0].get("multi"):       # a soak without multi-step keys
+        FAULTS[:] = [f for f in FAULTS if f[3] not in MULTI_FAULTS
+                     and f[1] is not refused_checkpoint]
     targets = {}
     for title, where, plant, expect in FAULTS:
         targets[title] = next((e for e in events[1:] if where(e, ends, acked)), None)

@@ -13,11 +13,23 @@ bursts of concurrent duplicates, the way a broker redelivers messages:
     Some holders heartbeat, some stall past their lease (so a redelivery
     takes the key over and the holder's late settle must be refused with
     ID002), a few die without settling (the sweeper must free the key).
+  * multi-step keys (issue 14): idem_claim with a short lease, then three
+    phases, each one transaction: a row in soak.steps and idem_checkpoint
+    ('p1', 'p2', with a small state) or, for the last, idem_complete.  Between
+    phases some holders die (the lease runs out), roll the phase back and die,
+    release without a failure, or stall past their lease (a zombie whose next
+    checkpoint must be refused); the key is then redelivered the way a broker
+    does (after the lease, or at once after a release) and the next holder
+    must resume after the last committed point.  Sweeper deletions are read
+    from a logical replication slot (wal_level = logical; without it the
+    multi-step keys are left out), because a record the sweeper removed
+    forgets its checkpoint (documented) and the checker must tell that apart
+    from a lost one.
   * some deliveries carry a different fingerprint (mismatch, never executed).
   * a delivery answered in_progress is redelivered later.
 
 Every call goes to a history (history.py); checker.py then verifies the
-invariants I1-I7 from the history and the final tables.  Exit status 0 only
+invariants I1-I7 and I9 (multi-step) from the history and the final tables.  Exit status 0 only
 if every invariant holds.
 
 Other modes: --check-only FILE re-checks a saved history against the
@@ -42,6 +54,7 @@ import heapq
 import json
 import os
 import random
+import struct
 import sys
 import tempfile
 import threading
@@ -56,6 +69,9 @@ import history  # noqa: E402
 TX_LEASE = "60 seconds"     # in-transaction claims: the transaction is the lease
 CLAIM_WAIT = "200 milliseconds"
 MAX_ATTEMPTS = 200          # redeliveries of one in_progress delivery
+MULTI_POINTS = ("p1", "p2")  # recovery points of the multi-step keys; phase 3 completes
+MULTI_FAULTS = ("die", "rollback", "release", "stall")
+DELETIONS = "idem_soak_deletions"   # publication and logical slot that see every DELETE
 
 
 class ConnectionLost(Exception):
@@ -64,6 +80,11 @@ class ConnectionLost(Exception):
 
 def sha(text):
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def xid32(xid8):
+    """The 32-bit transaction id (as pgoutput reports it) of an xid8, or None."""
+    return None if xid8 is None else int(xid8) & 0xFFFFFFFF
 
 
 def jsonb_text(doc):
@@ -86,7 +107,9 @@ class Plan:
             # the same key string lives in every tenant
             tenant = self.tenants[i % args.tenants]
             key = "k%06d" % (i // args.tenants)
-            mode = "tx" if rng.random() < args.tx_share else "lease"
+            r = rng.random()
+            mode = ("tx" if r < args.tx_share else
+                    "multi" if r < args.tx_share + args.multi_share else "lease")
             self.keys.append((tenant, key, mode))
         # orphans: delivered once, by a holder that dies; only the sweeper
         # (or a later claim) can free them, which the liveness check tests
@@ -118,11 +141,15 @@ class Plan:
 
 
 class DeliveryQueue:
-    """Deliveries ready now (in plan order) or later (redeliveries)."""
+    """Deliveries ready now (in plan order) or later (redeliveries).  Urgent
+    redeliveries (multi-step keys, the way a broker hands a message to the
+    next consumer when its visibility timeout ends) go before the backlog
+    once they are due."""
 
     def __init__(self, order):
         self.cv = threading.Condition()
         self.heap = [(0.0, i, (d, 0)) for i, d in enumerate(order)]
+        self.urgent = []
         self.seq = len(order)
         self.outstanding = len(order)
         self.stopped = False
@@ -132,19 +159,21 @@ class DeliveryQueue:
             while True:
                 if self.outstanding == 0 or self.stopped:
                     return None
-                if self.heap:
-                    ready = self.heap[0][0]
-                    now = time.monotonic()
-                    if ready <= now:
-                        return heapq.heappop(self.heap)[2]
-                    self.cv.wait(ready - now)
+                now = time.monotonic()
+                for heap in (self.urgent, self.heap):
+                    if heap and heap[0][0] <= now:
+                        return heapq.heappop(heap)[2]
+                due = [heap[0][0] for heap in (self.urgent, self.heap) if heap]
+                if due:
+                    self.cv.wait(min(due) - now)
                 else:
                     self.cv.wait()
 
-    def redeliver(self, item, delay):
+    def redeliver(self, item, delay, urgent=False):
         with self.cv:
             self.seq += 1
-            heapq.heappush(self.heap, (time.monotonic() + delay, self.seq, item))
+            heapq.heappush(self.urgent if urgent else self.heap,
+                           (time.monotonic() + delay, self.seq, item))
             self.cv.notify()
 
     def done(self):
@@ -296,9 +325,12 @@ class Session(threading.Thread):
         tenant, key, mode, fp, orphan = self.driver.plan.delivery(d, self.args.deliveries)
         rng = random.Random(self.args.seed * 1000003 + d * 1009 + attempt)
         base = {"d": d, "a": attempt, "tn": tenant, "k": key, "m": mode, "fp": fp}
+        self.handed_on = False      # a stalled multi-step holder redelivered its delivery
         try:
             if mode == "tx":
                 outcome, retry_after = self.deliver_in_transaction(base, rng)
+            elif mode == "multi":
+                outcome, retry_after = self.deliver_multi_step(base, rng)
             else:
                 outcome, retry_after = self.deliver_two_phase(base, rng, orphan)
         except ConnectionLost:
@@ -307,28 +339,38 @@ class Session(threading.Thread):
                 raise RuntimeError("connection lost (run with --crash-tolerant "
                                    "if the server is meant to crash)")
             self.reconnect()
-            self.driver.queue.redeliver((d, attempt + 1), 0.05)
+            if not self.handed_on:
+                self.driver.queue.redeliver((d, attempt + 1), 0.05, urgent=mode == "multi")
             return
-        if outcome == "in_progress":
+        if outcome == "handed_on":
+            return      # a stalled holder's delivery went on as a redelivery
+        if outcome in ("in_progress", "redeliver"):
             if attempt + 1 >= MAX_ATTEMPTS:
                 self.record(dict(base, e="gaveup", t0=time.time(), t1=time.time()))
                 self.driver.queue.done()
             else:
-                self.driver.queue.redeliver((d, attempt + 1), retry_after)
+                self.driver.queue.redeliver((d, attempt + 1), retry_after,
+                                            urgent=mode == "multi")
             return
         self.driver.queue.done()
 
-    def claim(self, base, lease, wait):
+    def claim(self, base, lease, wait, resume=False):
+        """resume: also read the recovery point and state (multi-step keys)."""
         self.begin()
         row, ev = self.call(dict(base, e="claim"),
                             "SELECT outcome, token, response::text,"
                             " extract(epoch FROM expires_at)::float8"
+                            + (", recovery_point, state::text,"
+                               " pg_current_xact_id_if_assigned()::text" if resume else "") +
                             " FROM idem_claim(%s, %s, %s, lease => %s::interval,"
                             " ttl => %s::interval, wait => %s::interval)",
                             (base["tn"], base["k"], base["fp"], lease,
                              self.args.ttl, wait))
         if row is not None:
             ev.update(out=row[0], tok=row[1], sha=sha(row[2]), exp=row[3])
+            if resume:
+                ev.update(rp=row[4], st=None if row[5] is None else json.loads(row[5]),
+                          xid=xid32(row[6]))
         self.record(ev)
         return row
 
@@ -450,6 +492,93 @@ class Session(threading.Thread):
         return "claimed", 0
 
 
+    def deliver_multi_step(self, base, rng):
+        """Claim with a lease, then phases 1-3, each one transaction: its row
+        in soak.steps and its checkpoint (the last one: idem_complete).  A
+        fault between phases ends the holder; the key is redelivered."""
+        lease_s = self.args.lease_ms / 1000.0
+        row = self.claim(base, "%d milliseconds" % self.args.lease_ms, None, resume=True)
+        if row is None:
+            self.end("rollback")
+            return "error", 0
+        outcome, token, _, expires_at, point, _, _ = row
+        if not self.end("commit"):
+            return "error", 0
+        if outcome == "in_progress" and expires_at is not None:
+            # a broker's visibility timeout: redelivered when the lease ends
+            return outcome, max(expires_at - time.time(), 0.005) + rng.uniform(0, 0.02)
+        if outcome != "claimed":
+            return outcome, self.retry_delay(expires_at, rng)
+
+        def lease_left():
+            return max(expires_at - time.time(), 0.005) + rng.uniform(0, 0.02)
+
+        done = MULTI_POINTS.index(point) + 1 if point else 0
+        handed_on = False
+        for phase in range(done + 1, 4):
+            fault = (rng.choice(MULTI_FAULTS) if rng.random() < self.args.multi_fault
+                     and not handed_on else None)
+            if fault == "die":
+                self.record(dict(base, e="abandon", tok=token, s=self.sid, ph=phase,
+                                 how="die", t0=time.time(), t1=time.time()))
+                return "redeliver", lease_left()
+            if fault == "release":
+                # gives up without a failure: the next holder resumes at once
+                self.begin()
+                row, ev = self.call(dict(base, e="release", tok=token, sha=None),
+                                    "SELECT idem_release(%s, %s, %s),"
+                                    " pg_current_xact_id_if_assigned()::text",
+                                    (base["tn"], base["k"], token))
+                if row is not None:
+                    ev["xid"] = xid32(row[1])
+                self.record(ev)
+                ok = ev["ok"]
+                self.end("commit" if ok else "rollback")
+                return ("redeliver", 0.005) if ok else ("claimed", 0)
+            if fault == "stall":
+                # a GC pause past the lease: the broker hands the message to
+                # the next consumer when the lease ends, and this holder, a
+                # zombie, goes on; its next checkpoint must be refused
+                self.driver.queue.redeliver((base["d"], base["a"] + 1), lease_left(),
+                                            urgent=True)
+                handed_on = self.handed_on = True
+                self.record(dict(base, e="abandon", tok=token, s=self.sid, ph=phase,
+                                 how="stall", t0=time.time(), t1=time.time()))
+                time.sleep(lease_s * rng.uniform(2.0, 3.0))
+            self.begin()
+            _, ev = self.call(dict(base, e="step", tok=token, ph=phase),
+                              "INSERT INTO soak.steps (tenant_id, key, phase, delivery, token)"
+                              " VALUES (%s, %s, %s, %s, %s)",
+                              (base["tn"], base["k"], phase, base["d"], token))
+            self.record(ev)
+            if phase < 3:
+                state = jsonb_text({"d": base["d"], "tok": token, "phase": phase})
+                row, ev = self.call(dict(base, e="checkpoint", tok=token,
+                                         pt=MULTI_POINTS[phase - 1], sha=sha(state)),
+                                    "SELECT idem_checkpoint(%s, %s, %s, %s, %s::jsonb),"
+                                    " pg_current_xact_id_if_assigned()::text",
+                                    (base["tn"], base["k"], token, MULTI_POINTS[phase - 1],
+                                     state))
+                if row is not None:
+                    ev["xid"] = xid32(row[1])
+                self.record(ev)
+                ok = ev["ok"]
+            else:
+                ok = self.settle(base, "complete", token, self.response(base, token, rng))
+            if not ok:                       # fenced: our lease was taken over
+                self.end("rollback")
+                return ("handed_on" if handed_on else "claimed"), 0
+            if fault == "rollback":
+                # the phase fails and the holder dies: nothing of the phase stays
+                self.end("rollback")
+                self.record(dict(base, e="abandon", tok=token, s=self.sid, ph=phase,
+                                 how="rollback", t0=time.time(), t1=time.time()))
+                return "redeliver", lease_left()
+            if not self.end("commit"):
+                return ("handed_on" if handed_on else "claimed"), 0
+        return ("handed_on" if handed_on else "claimed"), 0
+
+
 class Driver:
     def __init__(self, args):
         self.args = args
@@ -483,17 +612,80 @@ class Driver:
                     " tenant_id text NOT NULL, key text NOT NULL, delivery int NOT NULL,"
                     " token bigint NOT NULL,"
                     " at timestamptz NOT NULL DEFAULT clock_timestamp())")
-        cur.execute("TRUNCATE soak.payments, soak.effects")
+        cur.execute("CREATE TABLE IF NOT EXISTS soak.steps (id bigserial PRIMARY KEY,"
+                    " tenant_id text NOT NULL, key text NOT NULL, phase int NOT NULL,"
+                    " delivery int NOT NULL, token bigint NOT NULL,"
+                    " at timestamptz NOT NULL DEFAULT clock_timestamp())")
+        cur.execute("TRUNCATE soak.payments, soak.effects, soak.steps")
         cur.execute("DELETE FROM idempotency_records WHERE tenant_id = ANY(%s)",
                     (self.plan.tenants,))
+        self.multi = any(m == "multi" for _, _, m in self.plan.keys)
+        if self.multi:
+            why = self.watch_deletions(cur)
+            if why:
+                print("multi-step keys left out: %s" % why)
+                self.args.multi_share = 0.0
+                self.plan = Plan(self.args)
+                self.queue = DeliveryQueue(self.plan.order)
+                self.multi = False
         conn.close()
+
+    def watch_deletions(self, cur):
+        """A logical slot that sees every DELETE on the records table, so the
+        checker knows when the sweeper removed a multi-step key's record (its
+        checkpoint is then forgotten, as documented).  Returns why not, or
+        None."""
+        cur.execute("SELECT current_setting('wal_level'),"
+                    " to_regprocedure('idem_checkpoint(text, text, bigint, text, jsonb)')")
+        wal_level, api = cur.fetchone()
+        if api is None:
+            return "the extension has no idem_checkpoint"
+        if wal_level != "logical":
+            return "wal_level is %s, not logical (sweeper deletions unobservable)" % wal_level
+        try:
+            self.drop_deletion_watch(cur)
+            cur.execute("CREATE PUBLICATION %s FOR TABLE idempotency_records"
+                        " WITH (publish = 'delete')" % DELETIONS)
+            cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')",
+                        (DELETIONS,))
+        except psycopg2.Error as exc:
+            return "no logical slot: %s" % str(exc).strip()
+        return None
+
+    @staticmethod
+    def drop_deletion_watch(cur):
+        cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                    " WHERE slot_name = %s", (DELETIONS,))
+        cur.execute("DROP PUBLICATION IF EXISTS %s" % DELETIONS)
+
+    def record_deletions(self):
+        """Every record deleted during the run, as 'deleted' events (server
+        commit time in t0 and t1) appended to the history."""
+        conn = connect(self.args)
+        conn.autocommit = True
+        cur = conn.cursor()
+        cur.execute("SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL,"
+                    " 'proto_version', '1', 'publication_names', %s)", (DELETIONS, DELETIONS))
+        rows = read_pgoutput_deletions(bytes(r[0]) for r in cur)
+        self.drop_deletion_watch(cur)
+        conn.close()
+        tenants = set(self.plan.tenants)
+        events = [{"e": "deleted", "tn": r["tenant_id"], "k": r["key"], "t0": r["t"],
+                   "t1": r["t"], "xid": r["xid"]} for r in rows if r.get("tenant_id") in tenants]
+        with open(self.history.path, "a", encoding="utf-8") as f:
+            for ev in events:
+                self.history.events.append(ev)
+                f.write(json.dumps(ev, separators=(",", ":")) + "\n")
+        return len(events)
+
 
     def run(self):
         a = self.args
         self.history.add({"e": "run", "t0": time.time(), "sessions": a.sessions,
                           "keys": a.keys, "deliveries": a.deliveries,
                           "lease_ms": a.lease_ms, "seed": a.seed,
-                          "tenants": self.plan.tenants, "crash_tolerant": a.crash_tolerant})
+                          "tenants": self.plan.tenants, "crash_tolerant": a.crash_tolerant,
+                          "multi": self.multi})
         sessions = [Session(i, self) for i in range(a.sessions)]
         started = time.time()
         for s in sessions:
@@ -509,6 +701,53 @@ class Driver:
         errors = [s.error for s in sessions if s.error is not None]
         return elapsed, errors
 
+
+PG_EPOCH = 946684800        # 2000-01-01 in Unix time: pgoutput's timestamps count from it
+
+
+def read_pgoutput_deletions(messages):
+    """The deleted rows' key columns, with their transaction's commit time,
+    from pgoutput protocol 1 messages (Relation, Begin, Delete, Commit)."""
+    relations, pending, out, xid = {}, [], [], None
+    for m in messages:
+        kind = m[:1]
+        if kind == b"R":
+            relid = struct.unpack(">I", m[1:5])[0]
+            pos = m.index(b"\0", 5) + 1           # namespace
+            pos = m.index(b"\0", pos) + 1         # relation name
+            pos += 1                               # replica identity
+            ncols = struct.unpack(">h", m[pos:pos + 2])[0]
+            pos += 2
+            names = []
+            for _ in range(ncols):
+                end = m.index(b"\0", pos + 1)
+                names.append(m[pos + 1:end].decode())
+                pos = end + 1 + 8                  # type oid, type modifier
+            relations[relid] = names
+        elif kind == b"B":
+            pending = []
+            xid = struct.unpack(">I", m[17:21])[0]
+        elif kind == b"D":
+            relid = struct.unpack(">I", m[1:5])[0]
+            pos = 6                                # after 'K' (key) or 'O' (old row)
+            ncols = struct.unpack(">h", m[pos:pos + 2])[0]
+            pos += 2
+            row = {"xid": xid}
+            for name in relations[relid][:ncols]:
+                tag = m[pos:pos + 1]
+                pos += 1
+                if tag == b"t":
+                    n = struct.unpack(">i", m[pos:pos + 4])[0]
+                    row[name] = m[pos + 4:pos + 4 + n].decode()
+                    pos += 4 + n
+            pending.append(row)
+        elif kind == b"C":
+            ts = struct.unpack(">q", m[18:26])[0] / 1e6 + PG_EPOCH
+            for row in pending:
+                row["t"] = ts
+            out.extend(pending)
+            pending = []
+    return out
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -527,6 +766,12 @@ def parse_args(argv):
     p.add_argument("--history", help="history file (default: a new temp file)")
     p.add_argument("--tx-share", type=float, default=0.6,
                    help="share of keys worked in the claim's transaction")
+    p.add_argument("--multi-share", type=float, default=0.15,
+                   help="share of keys worked in three checkpointed phases (needs"
+                   " wal_level = logical, else left out)")
+    p.add_argument("--multi-fault", type=float, default=0.15,
+                   help="chance of a fault before each phase of a multi-step key (die,"
+                   " roll back and die, release, stall past the lease)")
     p.add_argument("--rollback", type=float, default=0.10)
     p.add_argument("--mismatch", type=float, default=0.05)
     p.add_argument("--burst", type=float, default=0.3,
@@ -551,7 +796,7 @@ def parse_args(argv):
 
 
 def print_figures(args, events, elapsed, calls):
-    idem = ("claim", "complete", "release", "fail", "heartbeat")
+    idem = ("claim", "complete", "release", "fail", "heartbeat", "checkpoint")
     n = sum(v for k, v in calls.items() if k in idem)
     claims = [e for e in events if e["e"] == "claim" and e.get("ok")]
     outcomes = {}
@@ -587,6 +832,8 @@ def main(argv):
         driver = Driver(args)
         driver.prepare()
         elapsed, errors = driver.run()
+        if driver.multi:
+            driver.record_deletions()
         events = driver.history.events
         print_figures(args, events, elapsed, driver.calls)
         print("history: %s" % driver.history.path)
