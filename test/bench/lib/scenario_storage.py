@@ -51,7 +51,9 @@ def run(pg, bench_dir, response, rows, rounds, log):
     history = {k: [] for k in TABLES}
     for r in range(rounds):
         first = r * rows + 1
-        cur.execute("CALL fill_via_api('storage', %s, %s, %s)", (first, rows, response))
+        for chunk in range(first, first + rows, 100):
+            cur.execute("BEGIN; CALL fill_via_api('storage', %s, %s, %s); COMMIT",
+                        (chunk, min(100, first + rows - chunk), response))
         cur.execute("CALL fill_plain_two_writes('plain_two_writes', 'storage', %s, %s, %s)",
                     (first, rows, response))
         cur.execute("CALL fill_final_rows('plain_written_once', 'storage', %s, %s, %s, "
