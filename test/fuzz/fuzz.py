@@ -472,6 +472,10 @@ WRAP = {
                        ' pg_catalog.count(*) FILTER (WHERE (m.outcome = \'claimed\') IS DISTINCT FROM (m.token IS NOT NULL)'
                        ' OR m.token <= 0 OR m.key IS NULL) AS c'
                        ' FROM {s}.idem_claim_many({args}) m',
+    'idem_checkpoint': 'SELECT \'ok\'::text AS a, NULL::bigint AS b, NULL::bigint AS c'
+                       ' FROM {s}.idem_checkpoint({args})',
+    'idem_child_key': 'SELECT pg_catalog.left(k, 5) AS a, pg_catalog.length(k)::bigint AS b,'
+                      ' (k OPERATOR(pg_catalog.~) \'^[!-~]+$\')::int::bigint AS c FROM {s}.idem_child_key({args}) k',
     'generic': 'SELECT \'ok\'::text AS a, pg_catalog.count(*) AS b, NULL::bigint AS c FROM {s}.{fn}({args}) x',
 }
 
@@ -519,9 +523,13 @@ def check_claim_many(a, b, c):
     return None
 
 
+def check_child_key(a, b, c):
+    return None if a == 'idem-' and b == 69 and c == 1 else 'child key %r, %r characters, printable %r' % (a, b, c)
+
+
 CHECKS = {'idem_claim_many': check_claim_many, 'idem_claim': check_claim, 'idem_lookup': check_lookup,
           'idem_heartbeat': check_heartbeat, 'idem_forget': check_forget,
-          'idem_sweep': check_sweep}
+          'idem_sweep': check_sweep, 'idem_child_key': check_child_key}
 
 # Arguments in declaration order, with the generator of each and whether it
 # is required.  The C code validates them in this order.
@@ -535,6 +543,11 @@ SIGNATURES = {
                      ('token', 'token', True), ('failure', 'jsonb', False)],
     'idem_heartbeat': [('tenant_id', 'tenant', True), ('key', 'key', True),
                        ('token', 'token', True), ('lease', 'duration', False)],
+    'idem_checkpoint': [('tenant_id', 'tenant', True), ('key', 'key', True),
+                        ('token', 'token', True), ('point', 'fingerprint', True),
+                        ('state', 'jsonb', False)],
+    'idem_child_key': [('tenant_id', 'tenant', True), ('key', 'key', True),
+                       ('step', 'fingerprint', True)],
     'idem_lookup': [('tenant_id', 'tenant', True), ('key', 'key', True)],
     'idem_forget': [('tenant_id', 'tenant', True), ('key', 'key', True)],
     'idem_sweep': [('batch_size', 'batch_size', False)],
@@ -546,7 +559,7 @@ CLAIM_MANY_MAX = 1000
 OUT_NAMES = {'idem_claim': ['outcome', 'expires_at'], 'idem_lookup': ['status', 'created_at'],
              'idem_sweep': ['expired_removed'], 'idem_claim_many': ['outcome', 'expires_at']}
 WEIGHTS = {'idem_claim_many': 4, 'idem_claim': 30, 'idem_complete': 15, 'idem_release': 11, 'idem_heartbeat': 10,
-           'idem_lookup': 12, 'idem_forget': 5, 'idem_sweep': 3}
+           'idem_lookup': 12, 'idem_forget': 5, 'idem_sweep': 3, 'idem_checkpoint': 8, 'idem_child_key': 3}
 GENERIC_WEIGHT = 3          # per function the fuzz has no signature for (e.g. idem_claim_many)
 
 
@@ -664,7 +677,7 @@ def judge(fn, args, phase):
         allowed.add('55P03')          # the row was locked by the sweeper's batch past lock_timeout
         if fn == 'idem_claim_many' and (vals['keys'].size or 0) >= 500:
             allowed.add('53200')      # every claimed key holds a lock until the transaction ends
-    elif fn in ('idem_complete', 'idem_release', 'idem_heartbeat'):
+    elif fn in ('idem_complete', 'idem_release', 'idem_heartbeat', 'idem_checkpoint'):
         allowed |= {'ID001', 'ID002', 'ID003', '55P03'}
     elif fn in ('idem_forget', 'idem_sweep'):
         allowed.add('55P03')          # a claim of the key in flight / the worker's sweep, past lock_timeout
