@@ -312,16 +312,17 @@ FROM PUBLIC;
 -- EXECUTE grants that roles had on them are given back.
 DO $update$
 DECLARE
-    lookup_acl pg_catalog.aclitem[];
-    many_acl   pg_catalog.aclitem[];
+    signatures text[] := ARRAY[
+        '@extschema@.idem_lookup(text, text)',
+        '@extschema@.idem_claim_many(text, text[], text[], interval, interval)'];
+    acls       text[] := '{}';
     g          record;
 BEGIN
-    SELECT proacl INTO lookup_acl FROM pg_catalog.pg_proc
-     WHERE oid OPERATOR(pg_catalog.=)
-           '@extschema@.idem_lookup(text, text)'::pg_catalog.regprocedure;
-    SELECT proacl INTO many_acl FROM pg_catalog.pg_proc
-     WHERE oid OPERATOR(pg_catalog.=)
-           '@extschema@.idem_claim_many(text, text[], text[], interval, interval)'::pg_catalog.regprocedure;
+    FOR i IN 1 .. pg_catalog.array_length(signatures, 1) LOOP
+        acls := acls OPERATOR(pg_catalog.||)
+            (SELECT proacl::text FROM pg_catalog.pg_proc
+              WHERE oid OPERATOR(pg_catalog.=) signatures[i]::pg_catalog.regprocedure);
+    END LOOP;
 
     DROP FUNCTION @extschema@.idem_lookup(text, text);
     CREATE FUNCTION @extschema@.idem_lookup(
@@ -359,28 +360,16 @@ BEGIN
     AS 'MODULE_PATHNAME', 'idem_claim_many'
     LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
-    REVOKE ALL ON FUNCTION
-        @extschema@.idem_lookup(text, text),
-        @extschema@.idem_claim_many(text, text[], text[], interval, interval)
-    FROM PUBLIC;
-
-    FOR g IN SELECT a.grantee, a.is_grantable
-               FROM pg_catalog.aclexplode(lookup_acl) a
-              WHERE a.grantee OPERATOR(pg_catalog.<>) 0
-    LOOP
-        EXECUTE pg_catalog.format(
-            'GRANT EXECUTE ON FUNCTION @extschema@.idem_lookup(text, text) TO %I%s',
-            pg_catalog.pg_get_userbyid(g.grantee),
-            CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
-    END LOOP;
-    FOR g IN SELECT a.grantee, a.is_grantable
-               FROM pg_catalog.aclexplode(many_acl) a
-              WHERE a.grantee OPERATOR(pg_catalog.<>) 0
-    LOOP
-        EXECUTE pg_catalog.format(
-            'GRANT EXECUTE ON FUNCTION @extschema@.idem_claim_many(text, text[], text[], interval, interval) TO %I%s',
-            pg_catalog.pg_get_userbyid(g.grantee),
-            CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    FOR i IN 1 .. pg_catalog.array_length(signatures, 1) LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', signatures[i]);
+        FOR g IN SELECT a.grantee, a.is_grantable
+                   FROM pg_catalog.aclexplode(acls[i]::pg_catalog.aclitem[]) a
+                  WHERE a.grantee OPERATOR(pg_catalog.<>) 0
+        LOOP
+            EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %I%s',
+                signatures[i], pg_catalog.pg_get_userbyid(g.grantee),
+                CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+        END LOOP;
     END LOOP;
 END
 $update$;
