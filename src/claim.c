@@ -5,7 +5,7 @@
  *
  * The fast paths cost one statement: a replay is a single primary-key read
  * (no write), a fresh key is a read that misses, plus one INSERT unless the
- * claim is only remembered until it settles (pending.c).
+ * claim is only held until it settles (pending.c).
  * Only a conflict or an expired record takes more, through a loop that
  * re-reads with a fresh snapshot until the row settles.
  *
@@ -177,7 +177,7 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 	}
 
 	/*
-	 * A fresh claim that will only be remembered (pending.c) writes nothing
+	 * A fresh claim that will only be held (pending.c) writes nothing
 	 * that could collide with a concurrent claim, so it must know there is
 	 * none: it takes the key lock first, then reads with a snapshot taken
 	 * after the lock, which sees every record whose writer has let go.
@@ -238,7 +238,7 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 			{
 				/*
 				 * The holder finished while we waited, or (a claim that will
-				 * be remembered) since we read: look again.
+				 * be held) since we read: look again.
 				 */
 				now = GetCurrentTimestamp();
 				conflicts--;

@@ -297,7 +297,7 @@ typedef struct IdemClaimArgs
 	int64		lease_us;
 	int64		ttl_us;
 	int64		wait_us;		/* 0: never wait */
-	bool		may_defer;		/* a fresh claim may be remembered (pending.c) */
+	bool		may_defer;		/* a fresh claim may be held (pending.c) */
 } IdemClaimArgs;
 
 typedef struct IdemClaimResult

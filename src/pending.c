@@ -9,7 +9,8 @@
  * take the key lock and be held here; idem_complete (or idem_release with a
  * failure) then inserts the finished record in one INSERT, instead of an
  * INSERT followed by an UPDATE that writes a second row version and new
- * index entries.  idem_release without a failure writes nothing.
+ * index entries.  idem_release without a failure writes nothing (unless the
+ * claim has a recovery point: then it is handed on, see idem_pending_release).
  *
  * The rule is that no statement can tell: what any statement sees equals
  * what it would see had the claim been written at once.  readers.c decides

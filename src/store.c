@@ -85,7 +85,7 @@ static const char *const query_text[NUM_QUERIES] = {
 	" ON CONFLICT (tenant_id, key) DO NOTHING",
 
 	/*
-	 * A remembered claim written in its final form (pending.c).  No ON
+	 * A held claim written in its final form (pending.c).  No ON
 	 * CONFLICT: the writer holds the key lock and read after taking it that
 	 * the key is free, so only a record written around the lock can
 	 * conflict, and pending.c turns that error into its own.
@@ -782,7 +782,7 @@ idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
 }
 
 /*
- * Write the record of a claim that was remembered rather than written
+ * Write the record of a claim that was held rather than written
  * (pending.c), as it stands: processing until lease_expires_at, or already
  * completed or failed and kept for ttl from now.  A plain INSERT: a record
  * that exists raises a unique violation, which the caller must catch.
