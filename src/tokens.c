@@ -28,15 +28,14 @@
  */
 #include "postgres.h"
 
+#include "access/relation.h"
 #include "access/xact.h"
-#include "commands/sequence.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lmgr.h"
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "tcop/utility.h"
-#include "access/relation.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
 #include "utils/rel.h"
