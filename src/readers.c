@@ -578,20 +578,10 @@ readers_process_utility(PlannedStmt *pstmt, const char *queryString,
 						DestReceiver *dest, QueryCompletion *qc)
 {
 	Node	   *stmt = pstmt->utilityStmt;
+	UtilityKind kind = idem_store_running() ? UTILITY_QUIET : classify_utility(stmt);
 
-	if (!idem_store_running())
-	{
-		switch (classify_utility(stmt))
-		{
-			case UTILITY_QUIET:
-				break;
-			case UTILITY_COMMIT:
-				break;			/* below */
-			case UTILITY_READER:
-				idem_pending_write_all(NULL, executor_depth == 0);
-				break;
-		}
-	}
+	if (kind == UTILITY_READER)
+		idem_pending_write_all(NULL, executor_depth == 0);
 
 	if (prev_process_utility)
 		prev_process_utility(pstmt, queryString, readOnlyTree, context,
@@ -608,14 +598,14 @@ readers_process_utility(PlannedStmt *pstmt, const char *queryString,
 	 * deferred triggers, and an error here ends the transaction block just
 	 * as a failing deferred constraint does.
 	 */
-	if (!idem_store_running() && classify_utility(stmt) == UTILITY_COMMIT)
+	if (kind == UTILITY_COMMIT)
 		idem_pending_write_all(NULL, false);
 
 	if (IsA(stmt, TransactionStmt))
 	{
-		TransactionStmtKind kind = ((TransactionStmt *) stmt)->kind;
+		TransactionStmtKind tkind = ((TransactionStmt *) stmt)->kind;
 
-		if (kind == TRANS_STMT_BEGIN || kind == TRANS_STMT_START)
+		if (tkind == TRANS_STMT_BEGIN || tkind == TRANS_STMT_START)
 			explicit_block = true;
 	}
 }

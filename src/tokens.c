@@ -153,19 +153,18 @@ mark_write(Oid sequence, int64 mark)
 							   Int64GetDatum(mark));
 }
 
-typedef struct MarkCall
+/*
+ * Read the mark (new_mark = 0) or move it to new_mark, as the sequence's
+ * owner.  Returns the mark read, or new_mark.
+ */
+static int64
+mark_as_owner(Oid sequence, int64 new_mark)
 {
-	Oid			sequence;
-	int64		mark;			/* in: to write (0: read only); out: read */
-} MarkCall;
-
-static void
-mark_as_owner(MarkCall *call)
-{
-	Relation	rel = relation_open(call->sequence, AccessShareLock);
+	Relation	rel = relation_open(sequence, AccessShareLock);
 	Oid			owner = rel->rd_rel->relowner;
 	Oid			save_userid;
 	int			save_sec_context;
+	volatile int64 mark = new_mark;
 
 	relation_close(rel, NoLock);
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
@@ -173,33 +172,29 @@ mark_as_owner(MarkCall *call)
 						   SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
 	PG_TRY();
 	{
-		if (call->mark > 0)
-			mark_write(call->sequence, call->mark);
+		if (new_mark > 0)
+			mark_write(sequence, new_mark);
 		else
-			call->mark = mark_read(call->sequence);
+			mark = mark_read(sequence);
 	}
 	PG_FINALLY();
 	{
 		SetUserIdAndSecContext(save_userid, save_sec_context);
 	}
 	PG_END_TRY();
+	return mark;
 }
 
 static int64
 read_mark(Oid sequence)
 {
-	MarkCall	call = {sequence, 0};
-
-	mark_as_owner(&call);
-	return call.mark;
+	return mark_as_owner(sequence, 0);
 }
 
 static void
 write_mark(Oid sequence, int64 mark)
 {
-	MarkCall	call = {sequence, mark};
-
-	mark_as_owner(&call);
+	(void) mark_as_owner(sequence, mark);
 }
 
 /*
