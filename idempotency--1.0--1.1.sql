@@ -373,3 +373,192 @@ BEGIN
     END LOOP;
 END
 $update$;
+
+-- ===========================================================================
+-- Section 4: scale-out on Citus (issue 11)
+-- ===========================================================================
+-- Nothing here calls Citus: CREATE EXTENSION must work without it, and
+-- Citus runs this script again on every worker.  The functions below look
+-- Citus up when they are called, and refuse clearly where it is absent.
+-- docs/scale-out.md is the user's guide.
+
+-- Distributes idempotency_records by tenant_id, and every function that
+-- takes a tenant and reaches the table, colocated with it and delegated to
+-- the tenant's node even inside a transaction block (force_delegation).
+-- Run once on the coordinator; a second call changes nothing.
+CREATE FUNCTION @extschema@.idem_distribute(shard_count integer DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+AS $distribute$
+DECLARE
+    records CONSTANT pg_catalog.regclass := '@extschema@.idempotency_records';
+    -- business tables keyed by a plain text tenant must colocate, and Citus
+    -- colocates only equal collations; deterministic either way
+    to_default_collation CONSTANT text := pg_catalog.format(
+        'ALTER TABLE %s ALTER COLUMN tenant_id TYPE pg_catalog.text COLLATE pg_catalog."default"',
+        records);
+    fn pg_catalog.regprocedure;
+    failed record;
+BEGIN
+    IF pg_catalog.to_regproc('pg_catalog.create_distributed_table') IS NULL THEN
+        RAISE EXCEPTION 'idem_distribute() needs the citus extension in this database'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Run CREATE EXTENSION citus on every node, then call idem_distribute() on the coordinator.';
+    END IF;
+    IF shard_count OPERATOR(pg_catalog.<) 1 THEN
+        RAISE EXCEPTION 'shard_count must be positive'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition p
+                    WHERE p.logicalrelid OPERATOR(pg_catalog.=) records) THEN
+        -- Citus created the extension, and so the table, on every worker:
+        -- each copy must have the collation the shards will have
+        EXECUTE to_default_collation;
+        FOR failed IN SELECT w.nodename, w.nodeport, w.result
+                        FROM pg_catalog.run_command_on_workers(to_default_collation) w
+                       WHERE NOT w.success
+        LOOP
+            RAISE EXCEPTION 'could not change idempotency_records on node %:%: %',
+                failed.nodename, failed.nodeport, failed.result
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'Install the idempotency extension on every node first.';
+        END LOOP;
+        PERFORM pg_catalog.create_distributed_table(records, 'tenant_id',
+                                                    shard_count => shard_count);
+        -- rows recorded before distribution were copied into the shards
+        PERFORM pg_catalog.truncate_local_data_after_distributing_table(records);
+    END IF;
+
+    -- every function that takes a tenant first and reaches the table
+    -- (idem_child_key only hashes its arguments)
+    FOR fn IN SELECT p.oid
+                FROM pg_catalog.pg_proc p
+                JOIN pg_catalog.pg_depend d
+                  ON d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+                 AND d.objid OPERATOR(pg_catalog.=) p.oid AND d.deptype OPERATOR(pg_catalog.=) 'e'
+                JOIN pg_catalog.pg_extension e
+                  ON e.oid OPERATOR(pg_catalog.=) d.refobjid
+                 AND e.extname OPERATOR(pg_catalog.=) 'idempotency'
+               WHERE p.proargnames[1] OPERATOR(pg_catalog.=) 'tenant_id'
+                 AND p.proname OPERATOR(pg_catalog.<>) 'idem_child_key'
+                 AND NOT EXISTS (
+                     SELECT FROM pg_catalog.pg_dist_object o
+                      WHERE o.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass
+                        AND o.objid OPERATOR(pg_catalog.=) p.oid
+                        AND o.distribution_argument_index OPERATOR(pg_catalog.=) 0
+                        AND o.force_delegation)
+               ORDER BY p.oid
+    LOOP
+        PERFORM pg_catalog.create_distributed_function(fn, '$1',
+                                                       colocate_with => 'idempotency_records',
+                                                       force_delegation => true);
+    END LOOP;
+END
+$distribute$;
+
+-- idem_stats of this database on every node of the cluster, one row each.
+CREATE FUNCTION @extschema@.idem_node_stats(
+    OUT nodename           text,
+    OUT nodeport           integer,
+    OUT claims             bigint,
+    OUT claimed            bigint,
+    OUT replays            bigint,
+    OUT in_progress        bigint,
+    OUT mismatches         bigint,
+    OUT failed_replays     bigint,
+    OUT takeovers          bigint,
+    OUT completes          bigint,
+    OUT releases           bigint,
+    OUT heartbeats         bigint,
+    OUT swept_stale        bigint,
+    OUT swept_expired      bigint,
+    OUT last_sweep_at      timestamptz,
+    OUT last_sweep_ms      double precision,
+    OUT last_sweep_removed bigint,
+    OUT last_sweep_error   text,
+    OUT sweeps             bigint,
+    OUT stats_reset        timestamptz)
+RETURNS SETOF record
+LANGUAGE plpgsql
+AS $node_stats$
+DECLARE
+    node record;
+    stats_query CONSTANT text := pg_catalog.format(
+        'SELECT pg_catalog.row_to_json(s) FROM %s s'
+        ' WHERE s.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()',
+        '@extschema@.idem_stats_read()');
+BEGIN
+    IF pg_catalog.to_regproc('pg_catalog.run_command_on_all_nodes') IS NULL THEN
+        RAISE EXCEPTION 'idem_node_stats() needs the citus extension in this database'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'On a single server, read the idem_stats view.';
+    END IF;
+    FOR node IN SELECT n.nodename, n.nodeport, r.success, r.result
+                  FROM pg_catalog.run_command_on_all_nodes(stats_query) r
+                  JOIN pg_catalog.pg_dist_node n ON n.nodeid OPERATOR(pg_catalog.=) r.nodeid
+                 ORDER BY n.nodename, n.nodeport
+    LOOP
+        IF NOT node.success THEN
+            RAISE EXCEPTION 'could not read the statistics of node %:%: %',
+                node.nodename, node.nodeport, node.result
+                USING ERRCODE = 'connection_failure';
+        END IF;
+        nodename := node.nodename;
+        nodeport := node.nodeport;
+        -- a node that has not counted anything yet has no row
+        SELECT s.claims, s.claimed, s.replays, s.in_progress, s.mismatches,
+               s.failed_replays, s.takeovers, s.completes, s.releases, s.heartbeats,
+               s.swept_stale, s.swept_expired, s.last_sweep_at, s.last_sweep_ms,
+               s.last_sweep_removed, s.last_sweep_error, s.sweeps, s.stats_reset
+          INTO claims, claimed, replays, in_progress, mismatches,
+               failed_replays, takeovers, completes, releases, heartbeats,
+               swept_stale, swept_expired, last_sweep_at, last_sweep_ms,
+               last_sweep_removed, last_sweep_error, sweeps, stats_reset
+          FROM pg_catalog.json_populate_record(NULL::@extschema@.idem_stats,
+                                               NULLIF(node.result, '')::pg_catalog.json) s;
+        RETURN NEXT;
+    END LOOP;
+END
+$node_stats$;
+
+-- idem_stats summed over every node of the cluster: one row.
+CREATE FUNCTION @extschema@.idem_cluster_stats(
+    OUT nodes          integer,
+    OUT claims         bigint,
+    OUT claimed        bigint,
+    OUT replays        bigint,
+    OUT in_progress    bigint,
+    OUT mismatches     bigint,
+    OUT failed_replays bigint,
+    OUT takeovers      bigint,
+    OUT completes      bigint,
+    OUT releases       bigint,
+    OUT heartbeats     bigint,
+    OUT swept_stale    bigint,
+    OUT swept_expired  bigint,
+    OUT sweeps         bigint,
+    OUT last_sweep_at  timestamptz)
+LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pg_catalog.count(*)::integer,
+           COALESCE(pg_catalog.sum(s.claims), 0)::bigint,
+           COALESCE(pg_catalog.sum(s.claimed), 0)::bigint,
+           COALESCE(pg_catalog.sum(s.replays), 0)::bigint,
+           COALESCE(pg_catalog.sum(s.in_progress), 0)::bigint,
+           COALESCE(pg_catalog.sum(s.mismatches), 0)::bigint,
+           COALESCE(pg_catalog.sum(s.failed_replays), 0)::bigint,
+           COALESCE(pg_catalog.sum(s.takeovers), 0)::bigint,
+           COALESCE(pg_catalog.sum(s.completes), 0)::bigint,
+           COALESCE(pg_catalog.sum(s.releases), 0)::bigint,
+           COALESCE(pg_catalog.sum(s.heartbeats), 0)::bigint,
+           COALESCE(pg_catalog.sum(s.swept_stale), 0)::bigint,
+           COALESCE(pg_catalog.sum(s.swept_expired), 0)::bigint,
+           COALESCE(pg_catalog.sum(s.sweeps), 0)::bigint,
+           pg_catalog.max(s.last_sweep_at)
+      FROM @extschema@.idem_node_stats() s;
+END;
+
+REVOKE ALL ON FUNCTION @extschema@.idem_distribute(integer),
+                       @extschema@.idem_node_stats(),
+                       @extschema@.idem_cluster_stats() FROM PUBLIC;

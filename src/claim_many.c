@@ -239,6 +239,24 @@ insert_all_fresh(FreshInsert *f)
 	return false;
 }
 
+/*
+ * On a table distributed by Citus, one single-row INSERT per key: Citus
+ * miscounts the rows an INSERT ... SELECT returns through SPI, and a
+ * single-row INSERT is routed to the tenant's shard like idem_claim's.
+ */
+static void
+insert_each_fresh(FreshInsert *f)
+{
+	for (int i = 0; i < f->batch->nkeys; i++)
+	{
+		BatchKey   *bk = &f->batch->keys[i];
+
+		if (bk->locked)
+			bk->inserted = idem_store_insert(&bk->k, bk->fingerprint, bk->token,
+											 f->now, f->lease_end, f->ttl_us);
+	}
+}
+
 Datum
 idem_claim_many(PG_FUNCTION_ARGS)
 {
@@ -355,7 +373,9 @@ idem_claim_many(PG_FUNCTION_ARGS)
 		f.lease_end = lease_end;
 		f.ttl_us = args.ttl_us;
 		f.batch = &batch;
-		if (!insert_all_fresh(&f))
+		if (idem_store_distributed())
+			insert_each_fresh(&f);
+		else if (!insert_all_fresh(&f))
 		{
 			f.speculative = true;
 			insert_fresh(&f);

@@ -24,4 +24,11 @@
 #define IDEM_EXECUTOR_RUN_ARGS queryDesc, direction, count, execute_once
 #endif
 
+/* PostgreSQL 16 gave stringToQualifiedNameList a soft-error context. */
+#if PG_VERSION_NUM >= 160000
+#define idem_qualified_name_list(name) stringToQualifiedNameList(name, NULL)
+#else
+#define idem_qualified_name_list(name) stringToQualifiedNameList(name)
+#endif
+
 #endif							/* IDEM_COMPAT_H */

@@ -7,6 +7,7 @@
  *	 guc.c			the idempotency.* settings
  *	 validate.c		argument checks shared by every SQL function
  *	 store.c		the only code that talks to idempotency_records (SPI)
+ *	 citus.c		whether the table is distributed, and this node's shards
  *	 table_shape.c	refusing a records table whose columns or key index changed
  *	 keylock.c		the per-key advisory lock that makes in_progress non-blocking
  *	 tokens.c		fencing tokens that never go backwards
@@ -30,6 +31,7 @@
 #include "datatype/timestamp.h"
 #include "access/tupdesc.h"
 #include "fmgr.h"
+#include "nodes/pg_list.h"
 #include "utils/snapshot.h"
 #include "utils/timestamp.h"
 
@@ -191,9 +193,19 @@ extern uint64 idem_store_sweep_expired(TimestampTz now, int batch_size,
 extern uint64 idem_store_sweep_group(TimestampTz at, bool include_stale_claims,
 									 uint64 *stale_released);
 extern uint64 idem_store_sweep_fail_stale(TimestampTz now, int batch_size);
+extern uint64 idem_store_sweep_cluster(TimestampTz now, bool fail_stale,
+									   uint64 *stale_released,
+									   uint64 *stale_failed);
+extern void idem_store_sweep_shard(Oid shard);
+extern bool idem_store_distributed(void);
 
 extern Datum idem_stale_failure_response(void);
 extern const char *idem_status_name(IdemStatus status);
+
+/* ---------- a Citus cluster (citus.c) ---------- */
+
+extern bool idem_citus_is_distributed(Oid table);
+extern List *idem_citus_local_shards(Oid table);
 
 /* ---------- sweeping (sweep.c) ---------- */
 

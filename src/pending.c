@@ -118,11 +118,17 @@ table_has_triggers_or_rules(Oid table)
 
 /*
  * May a fresh claim of table be held instead of written now?
+ *
+ * Never on a table distributed by Citus: the claim may run in a task
+ * backend on a worker, which Citus lets run no more SQL once the delegated
+ * call has returned, and a statement reading the shards would not be
+ * recognised as a reader of the table (readers.c knows its OID only).
  */
 bool
 idem_pending_allowed(Oid table)
 {
-	if (!idem_defer_writes || !idem_readers_allow_holding() ||
+	if (!idem_defer_writes || idem_store_distributed() ||
+		!idem_readers_allow_holding() ||
 		IsolationUsesXactSnapshot() || XactReadOnly || IsInParallelMode() ||
 		GetCurrentTransactionNestLevel() != 1 ||
 		count_unsettled() >= IDEM_MAX_PENDING)

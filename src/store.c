@@ -48,6 +48,9 @@ typedef enum IdemQuery
 	Q_SWEEP_GROUP_ALL,
 	Q_SWEEP_GROUP_TERMINAL,
 	Q_SWEEP_FAIL_STALE,
+	Q_CLUSTER_SWEEP_STALE,
+	Q_CLUSTER_SWEEP_TERMINAL,
+	Q_CLUSTER_SWEEP_FAIL_STALE,
 	NUM_QUERIES
 } IdemQuery;
 
@@ -57,6 +60,17 @@ typedef enum IdemQuery
  */
 #define EQ " OPERATOR(pg_catalog.=) "
 #define BY_KEY " WHERE tenant_id" EQ "$1 AND key" EQ "$2 "
+
+/*
+ * now + ttl, where now is parameter n.  timestamptz + interval is STABLE
+ * (it depends on TimeZone), and Citus refuses a STABLE function over a
+ * column in an UPDATE of a distributed table.  Adding in UTC is IMMUTABLE
+ * and gives the same instant for the intervals the functions store (whole
+ * microseconds, no days or months).
+ */
+#define EXPIRY(n) \
+	" pg_catalog.timezone('UTC', pg_catalog.timezone('UTC', $" #n ")" \
+	" OPERATOR(pg_catalog.+) ttl) "
 
 /* a batch of fresh processing records: keys $2, tokens $3, fingerprints $7 */
 #define INSERT_MANY \
@@ -107,7 +121,7 @@ static const char *const query_text[NUM_QUERIES] = {
 
 	[Q_FAIL_STALE] =
 	"UPDATE %1$s SET status = 'failed', response = $4, lease_expires_at = NULL,"
-	" expires_at = $5 OPERATOR(pg_catalog.+) ttl, updated_at = $5"
+	" expires_at =" EXPIRY(5) ", updated_at = $5"
 	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
 	" AND expires_at OPERATOR(pg_catalog.<=) $5"
 	" RETURNING status, token, fingerprint, response, expires_at, lease_expires_at,"
@@ -115,7 +129,7 @@ static const char *const query_text[NUM_QUERIES] = {
 
 	[Q_FINISH] =
 	"UPDATE %1$s SET status = $4, response = $5, lease_expires_at = NULL,"
-	" expires_at = $6 OPERATOR(pg_catalog.+) ttl, updated_at = $6"
+	" expires_at =" EXPIRY(6) ", updated_at = $6"
 	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
 
 	/* a release without failure: a record with a recovery point is kept */
@@ -177,11 +191,31 @@ static const char *const query_text[NUM_QUERIES] = {
 
 	[Q_SWEEP_FAIL_STALE] =
 	"UPDATE %1$s SET status = 'failed', response = $3, lease_expires_at = NULL,"
-	" expires_at = $1 OPERATOR(pg_catalog.+) ttl, updated_at = $1"
+	" expires_at =" EXPIRY(1) ", updated_at = $1"
 	" WHERE ctid" EQ "ANY (ARRAY("
 	" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
 	" AND status" EQ "'processing'"
 	" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+
+	/*
+	 * A sweep of a distributed table from one node: Citus runs these on
+	 * every shard in parallel, and refuses ctid, LIMIT and FOR UPDATE in a
+	 * multi-shard statement.  A row being settled is waited for, then
+	 * checked again in its new version, as an UPDATE or DELETE does under
+	 * READ COMMITTED.
+	 */
+	[Q_CLUSTER_SWEEP_STALE] =
+	"DELETE FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+	" AND status" EQ "'processing'",
+
+	[Q_CLUSTER_SWEEP_TERMINAL] =
+	"DELETE FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+	" AND status OPERATOR(pg_catalog.<>) 'processing'",
+
+	[Q_CLUSTER_SWEEP_FAIL_STALE] =
+	"UPDATE %1$s SET status = 'failed', response = $2, lease_expires_at = NULL,"
+	" expires_at =" EXPIRY(1) ", updated_at = $1"
+	" WHERE expires_at OPERATOR(pg_catalog.<=) $1 AND status" EQ "'processing'",
 };
 
 static const Oid query_argtypes[NUM_QUERIES][13] = {
@@ -209,6 +243,9 @@ static const Oid query_argtypes[NUM_QUERIES][13] = {
 	[Q_SWEEP_GROUP_ALL] = {TIMESTAMPTZOID},
 	[Q_SWEEP_GROUP_TERMINAL] = {TIMESTAMPTZOID},
 	[Q_SWEEP_FAIL_STALE] = {TIMESTAMPTZOID, INT4OID, JSONBOID},
+	[Q_CLUSTER_SWEEP_STALE] = {TIMESTAMPTZOID},
+	[Q_CLUSTER_SWEEP_TERMINAL] = {TIMESTAMPTZOID},
+	[Q_CLUSTER_SWEEP_FAIL_STALE] = {TIMESTAMPTZOID, JSONBOID},
 };
 
 /*
@@ -262,6 +299,9 @@ static const int query_nargs[NUM_QUERIES] = {
 	[Q_SWEEP_GROUP_ALL] = 1,
 	[Q_SWEEP_GROUP_TERMINAL] = 1,
 	[Q_SWEEP_FAIL_STALE] = 3,
+	[Q_CLUSTER_SWEEP_STALE] = 1,
+	[Q_CLUSTER_SWEEP_TERMINAL] = 1,
+	[Q_CLUSTER_SWEEP_FAIL_STALE] = 2,
 };
 
 /*
@@ -275,7 +315,16 @@ static Oid	cached_schema = InvalidOid;
 static Oid	cached_table = InvalidOid;
 static bool table_verified = false;
 static bool has_checkpoints = false;	/* recovery_point and state (1.1) */
+static bool table_distributed = false;	/* by Citus (citus.c) */
 static SPIPlanPtr plans[NUM_QUERIES];
+
+/*
+ * The shard a sweep batch works on instead of the table (the sweeper on a
+ * Citus node), or InvalidOid; and the sweep plans made for it, which live
+ * in the SPI connection's memory and go with it at idem_store_end().
+ */
+static Oid	sweep_shard = InvalidOid;
+static SPIPlanPtr shard_plans[NUM_QUERIES];
 static bool relcache_callback_registered = false;
 
 static Datum stale_failure_response = (Datum) 0;
@@ -426,6 +475,7 @@ store_attach(Oid nsp)
 		idem_table_has_checkpoints(table) != has_checkpoints)
 		store_forget_plans();
 	has_checkpoints = idem_table_has_checkpoints(table);
+	table_distributed = idem_citus_is_distributed(table);
 	cached_schema = nsp;
 	cached_table = table;
 	table_verified = true;
@@ -458,6 +508,8 @@ idem_store_begin_in_schema(Oid nsp)
 void
 idem_store_end(void)
 {
+	sweep_shard = InvalidOid;
+	memset(shard_plans, 0, sizeof(shard_plans));
 	SPI_finish();
 }
 
@@ -497,6 +549,27 @@ idem_store_running(void)
 {
 	return store_statement_depth >= 0 &&
 		store_statement_depth == idem_readers_depth();
+}
+
+/*
+ * Is the table distributed by Citus?  Then its rows live in shards on
+ * other nodes, every statement on it is routed there, and nothing may be
+ * held in this backend's memory (pending.c).
+ */
+bool
+idem_store_distributed(void)
+{
+	return table_distributed;
+}
+
+/*
+ * Direct the sweep statements of this connection to one shard of the
+ * distributed table (a relation on this node), until idem_store_end().
+ */
+void
+idem_store_sweep_shard(Oid shard)
+{
+	sweep_shard = shard;
 }
 
 /* Has the table the recovery point columns (not with the 1.0 objects)? */
@@ -547,9 +620,35 @@ expand_checkpoint_parts(const char *sql)
 	return text;
 }
 
+/* Prepare statement q on the shard that sweeps are directed to. */
+static SPIPlanPtr
+shard_plan(IdemQuery q)
+{
+	if (shard_plans[q] == NULL)
+	{
+		StringInfoData sql;
+		char	   *qualified;
+
+		qualified = quote_qualified_identifier(get_namespace_name(get_rel_namespace(sweep_shard)),
+											   get_rel_name(sweep_shard));
+		initStringInfo(&sql);
+		appendStringInfo(&sql, query_text[q], qualified);
+		shard_plans[q] = SPI_prepare(sql.data, query_nargs[q], (Oid *) query_argtypes[q]);
+		if (shard_plans[q] == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+				 sql.data, SPI_result_code_string(SPI_result));
+	}
+	return shard_plans[q];
+}
+
 static SPIPlanPtr
 store_plan(IdemQuery q)
 {
+	if (OidIsValid(sweep_shard))
+	{
+		Assert(q >= Q_SWEEP_ALL && q <= Q_SWEEP_FAIL_STALE);
+		return shard_plan(q);
+	}
 	if (plans[q] == NULL)
 	{
 		char	   *qualified;
@@ -1039,6 +1138,29 @@ idem_store_sweep_fail_stale(TimestampTz now, int batch_size)
 	values[1] = Int32GetDatum(batch_size);
 	values[2] = idem_stale_failure_response();
 	return store_run(Q_SWEEP_FAIL_STALE, values, "   ", false, 0);
+}
+
+/*
+ * Sweep a distributed table on every shard at once: expired claims are
+ * deleted (*stale_released) or, with fail_stale, turned into failed
+ * records (*stale_failed); then expired completed and failed records are
+ * deleted.  Returns that last number.
+ */
+uint64
+idem_store_sweep_cluster(TimestampTz now, bool fail_stale,
+						 uint64 *stale_released, uint64 *stale_failed)
+{
+	Datum		values[2];
+
+	values[0] = TimestampTzGetDatum(now);
+	values[1] = idem_stale_failure_response();
+	*stale_released = 0;
+	*stale_failed = 0;
+	if (fail_stale)
+		*stale_failed = store_run(Q_CLUSTER_SWEEP_FAIL_STALE, values, "  ", false, 0);
+	else
+		*stale_released = store_run(Q_CLUSTER_SWEEP_STALE, values, " ", false, 0);
+	return store_run(Q_CLUSTER_SWEEP_TERMINAL, values, " ", false, 0);
 }
 
 /*

@@ -111,10 +111,33 @@ idem_sweep_unlock(bool session_lock)
 }
 
 /*
+ * Sweep a table distributed by Citus, on every node at once.  Citus runs
+ * one statement per kind on all shards in parallel and refuses the
+ * batches' LIMIT and SKIP LOCKED there, so batch_size does not apply.
+ */
+static void
+sweep_cluster(IdemSweepCounts *counts)
+{
+	uint64		released;
+	uint64		failed;
+	uint64		deleted;
+
+	deleted = idem_store_sweep_cluster(GetCurrentTimestamp(),
+									   idem_stale_action == IDEM_STALE_FAIL,
+									   &released, &failed);
+	counts->expired_removed += deleted;
+	counts->stale_released += released;
+	counts->stale_failed += failed;
+	idem_stats_add(IDEM_STAT_SWEPT_EXPIRED, deleted);
+	idem_stats_add(IDEM_STAT_SWEPT_STALE, released + failed);
+}
+
+/*
  * idem_sweep(batch_size) RETURNS (expired_removed, stale_released, stale_failed)
  *
  * One pass in the caller's transaction.  Waits for a sweep already running
- * on this database (the worker's) to finish its pass.
+ * on this database (the worker's) to finish its pass.  On a table
+ * distributed by Citus, the pass covers every shard on every node.
  */
 Datum
 idem_sweep(PG_FUNCTION_ARGS)
@@ -139,9 +162,14 @@ idem_sweep(PG_FUNCTION_ARGS)
 	idem_pending_write_all(NULL, idem_readers_outside_statement());
 	idem_store_begin(fcinfo);
 	(void) idem_sweep_lock(false, true);
-	idem_sweep_cursor_init(&cursor, true);
-	while (idem_sweep_batch(batch_size, &cursor, &counts))
-		CHECK_FOR_INTERRUPTS();
+	if (idem_store_distributed())
+		sweep_cluster(&counts);
+	else
+	{
+		idem_sweep_cursor_init(&cursor, true);
+		while (idem_sweep_batch(batch_size, &cursor, &counts))
+			CHECK_FOR_INTERRUPTS();
+	}
 	idem_store_end();
 	idem_stats_sweep_finished(started, GetCurrentTimestamp(), &counts, NULL);
 

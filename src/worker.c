@@ -39,6 +39,7 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_database.h"
 #include "catalog/pg_extension.h"
@@ -411,6 +412,61 @@ database_command_waiting(void)
 }
 
 /*
+ * What one pass sweeps: the records table itself (a NULL entry), or, when
+ * Citus distributes it, the shards this node holds (none on a coordinator
+ * without shards: the pass is then idle).  Each node's sweeper sweeps its
+ * own shards, so the cluster is swept without any node reaching another.
+ * Runs in a transaction of its own; the list lives in cxt.
+ */
+static List *
+list_sweep_targets(MemoryContext cxt)
+{
+	MemoryContext old;
+	List	   *targets = NIL;
+	Oid			nsp;
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	nsp = extension_schema();
+	if (!OidIsValid(nsp))
+	{
+		CommitTransactionCommand();
+		return NIL;				/* dropped since the pass began */
+	}
+	PushActiveSnapshot(GetTransactionSnapshot());
+	idem_store_begin_in_schema(nsp);
+	old = MemoryContextSwitchTo(cxt);
+	if (idem_store_distributed())
+		targets = idem_citus_local_shards(idem_store_table());
+	else
+		targets = list_make1(NULL);
+	MemoryContextSwitchTo(old);
+	idem_store_end();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	return targets;
+}
+
+/*
+ * Point this batch's sweep statements at shard (NULL: the table itself),
+ * locked until the batch commits so that it cannot be moved or dropped
+ * under them.  Returns false when the shard is no longer on this node.
+ */
+static bool
+direct_to_shard(RangeVar *shard)
+{
+	Oid			relid;
+
+	if (shard == NULL)
+		return true;
+	relid = RangeVarGetRelid(shard, RowExclusiveLock, true);
+	if (!OidIsValid(relid))
+		return false;
+	idem_store_sweep_shard(relid);
+	return true;
+}
+
+/*
  * One sweep batch in a transaction of its own.
  *
  * The batch runs as the owner of idempotency_records in a security-
@@ -419,7 +475,8 @@ database_command_waiting(void)
  * the worker unless the owner has them anyway.
  */
 static BatchResult
-sweep_one_batch(IdemSweepCursor *cursor, IdemSweepCounts *counts, int batchno)
+sweep_one_batch(RangeVar *shard, IdemSweepCursor *cursor,
+				IdemSweepCounts *counts, int batchno)
 {
 	BatchResult result;
 	Oid			nsp;
@@ -456,8 +513,11 @@ sweep_one_batch(IdemSweepCursor *cursor, IdemSweepCounts *counts, int batchno)
 						   save_sec_context | SECURITY_RESTRICTED_OPERATION);
 	save_nestlevel = NewGUCNestLevel();
 
-	result = idem_sweep_batch(idem_sweep_batch_size, cursor, counts)
-		? BATCH_FULL : BATCH_LAST;
+	if (!direct_to_shard(shard))
+		result = BATCH_LAST;	/* the shard moved away or was dropped */
+	else
+		result = idem_sweep_batch(idem_sweep_batch_size, cursor, counts)
+			? BATCH_FULL : BATCH_LAST;
 
 	AtEOXact_GUC(false, save_nestlevel);
 	SetUserIdAndSecContext(save_userid, save_sec_context);
@@ -536,21 +596,27 @@ sweep_this_database(void)
 	error_context_stack = &errcallback;
 
 	started = GetCurrentTimestamp();
-	idem_sweep_cursor_init(&cursor, false);
 
 	PG_TRY();
 	{
 		int			batchno = 0;
 		BatchResult result = BATCH_LAST;
+		ListCell   *lc;
 
-		do
+		foreach(lc, list_sweep_targets(worker_context))
 		{
-			CHECK_FOR_INTERRUPTS();
-			reload_config_if_asked();
-			if (idem_sweep_interval_ms == 0)
-				break;			/* switched off in the middle of a pass */
-			result = sweep_one_batch(&cursor, &counts, ++batchno);
-		} while (result == BATCH_FULL);
+			idem_sweep_cursor_init(&cursor, false);
+			do
+			{
+				CHECK_FOR_INTERRUPTS();
+				reload_config_if_asked();
+				if (idem_sweep_interval_ms == 0)
+					break;		/* switched off in the middle of a pass */
+				result = sweep_one_batch(lfirst(lc), &cursor, &counts, ++batchno);
+			} while (result == BATCH_FULL);
+			if (result != BATCH_LAST)
+				break;
+		}
 
 		if (result == BATCH_EXTENSION_GONE)
 			record = false;
