@@ -24,6 +24,7 @@ int			idem_sweep_interval_ms = 10 * 1000;
 int			idem_sweep_batch_size = 1000;
 bool		idem_track_stats = true;
 bool		idem_defer_writes = true;
+bool		idem_direct_reads = true;
 int			idem_durability_check = IDEM_DURABILITY_WARNING;
 
 /*
@@ -154,6 +155,18 @@ idem_define_settings(void)
 							 &idem_defer_writes,
 							 true,
 							 PGC_USERSET, 0,
+							 NULL, NULL, NULL);
+
+	/*
+	 * A switch for the differential suite, which proves that reading a
+	 * record without SPI (direct_read.c) answers as the SQL read does.
+	 */
+	DefineCustomBoolVariable("idempotency.direct_reads",
+							 "Read a record by primary key without SPI where that sees exactly what SQL would.",
+							 "Off reads every record through SQL (only slower).",
+							 &idem_direct_reads,
+							 true,
+							 PGC_USERSET, GUC_NOT_IN_SAMPLE,
 							 NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idempotency");

@@ -9,6 +9,7 @@
  *	 store.c		the only code that talks to idempotency_records (SPI)
  *	 citus.c		whether the table is distributed, and this node's shards
  *	 table_shape.c	refusing a records table whose columns or key index changed
+ *	 direct_read.c	a record read by primary key without SPI (the replay fast path)
  *	 keylock.c		the per-key advisory lock that makes in_progress non-blocking
  *	 tokens.c		fencing tokens that never go backwards
  *	 pending.c		fresh claims held in memory and written once, when they settle
@@ -31,6 +32,7 @@
 #include "datatype/timestamp.h"
 #include "access/tupdesc.h"
 #include "fmgr.h"
+#include "nodes/parsenodes.h"
 #include "nodes/pg_list.h"
 #include "utils/snapshot.h"
 #include "utils/timestamp.h"
@@ -76,6 +78,7 @@ extern int	idem_sweep_interval_ms;
 extern int	idem_sweep_batch_size;
 extern bool idem_track_stats;
 extern bool idem_defer_writes;
+extern bool idem_direct_reads;
 extern int	idem_durability_check;
 
 extern void idem_define_settings(void);
@@ -180,7 +183,7 @@ extern bool idem_store_extend_lease(const IdemKey *k, int64 token,
 extern bool idem_store_forget(const IdemKey *k);
 
 /* the table's shape (table_shape.c) */
-extern void idem_check_table_shape(Oid table);
+extern Oid	idem_check_table_shape(Oid table);
 extern bool idem_table_has_checkpoints(Oid table);
 extern void idem_check_result_shape(Oid table, TupleDesc desc,
 									const Oid *types, int n);
@@ -201,11 +204,19 @@ extern bool idem_store_distributed(void);
 
 extern Datum idem_stale_failure_response(void);
 extern const char *idem_status_name(IdemStatus status);
+extern IdemStatus idem_status_from_text(text *t);
+
+/* ---------- the replay fast path (direct_read.c) ---------- */
+
+extern void idem_direct_read_attach(Oid table, Oid key_index);
+extern bool idem_direct_read(const IdemKey *k, IdemRecord *rec,
+							 bool fresh_snapshot, bool *found);
 
 /* ---------- a Citus cluster (citus.c) ---------- */
 
 extern bool idem_citus_is_distributed(Oid table);
 extern List *idem_citus_local_shards(Oid table);
+extern void idem_citus_refuse_crashing_call(Query *parse);
 
 /* ---------- sweeping (sweep.c) ---------- */
 

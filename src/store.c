@@ -452,6 +452,7 @@ static void
 store_attach(Oid nsp)
 {
 	Oid			table;
+	Oid			key_index;
 
 	if (nsp == cached_schema && table_verified)
 		return;
@@ -470,12 +471,13 @@ store_attach(Oid nsp)
 						get_namespace_name(nsp)),
 				 errhint("Drop and create the idempotency extension again.")));
 
-	idem_check_table_shape(table);
+	key_index = idem_check_table_shape(table);
 	if (nsp != cached_schema || table != cached_table ||
 		idem_table_has_checkpoints(table) != has_checkpoints)
 		store_forget_plans();
 	has_checkpoints = idem_table_has_checkpoints(table);
 	table_distributed = idem_citus_is_distributed(table);
+	idem_direct_read_attach(table, key_index);
 	cached_schema = nsp;
 	cached_table = table;
 	table_verified = true;
@@ -716,8 +718,8 @@ interval_datum(int64 us)
 }
 
 /* The status column's value; the first letter tells the three apart. */
-static IdemStatus
-status_from_text(text *t)
+IdemStatus
+idem_status_from_text(text *t)
 {
 	const char *s = VARDATA_ANY(t);
 
@@ -782,7 +784,7 @@ record_from_tuple(IdemRecord *rec)
 	Datum		d;
 
 	d = SPI_getbinval(tup, desc, c, &isnull);
-	rec->status = status_from_text((text *) DatumGetPointer(d));
+	rec->status = idem_status_from_text((text *) DatumGetPointer(d));
 	rec->token = DatumGetInt64(SPI_getbinval(tup, desc, c + 1, &isnull));
 
 	d = SPI_getbinval(tup, desc, c + 2, &isnull);
@@ -813,7 +815,10 @@ bool
 idem_store_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot)
 {
 	Datum		values[2] = {PointerGetDatum(k->tenant_id), PointerGetDatum(k->key)};
+	bool		found;
 
+	if (idem_direct_read(k, rec, fresh_snapshot, &found))
+		return found;
 	if (store_run(Q_READ, values, "  ", !fresh_snapshot, 1) == 0)
 		return false;
 	record_from_tuple(rec);

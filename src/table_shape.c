@@ -76,7 +76,7 @@ is_key_index(Oid indexoid, AttrNumber tenant_att, AttrNumber key_att)
 	return matches;
 }
 
-static void
+static Oid
 check_key_index(Oid table)
 {
 	AttrNumber	tenant_att = get_attnum(table, "tenant_id");
@@ -84,7 +84,7 @@ check_key_index(Oid table)
 	Relation	rel = RelationIdGetRelation(table);
 	List	   *indexes;
 	ListCell   *lc;
-	bool		found = false;
+	Oid			found = InvalidOid;
 
 	if (!RelationIsValid(rel))
 		elog(ERROR, "could not open relation with OID %u", table);
@@ -92,11 +92,12 @@ check_key_index(Oid table)
 	RelationClose(rel);
 	foreach(lc, indexes)
 		if (is_key_index(lfirst_oid(lc), tenant_att, key_att))
-			found = true;
+			found = lfirst_oid(lc);
 	list_free(indexes);
-	if (!found)
+	if (!OidIsValid(found))
 		report_changed_table(table,
 							 "It has no valid unique index on exactly (tenant_id, key).");
+	return found;
 }
 
 /* The recovery point columns (1.1); both or neither. */
@@ -146,15 +147,16 @@ idem_table_has_checkpoints(Oid table)
 }
 
 /*
- * Check the columns and the key index of the records table.
+ * Check the columns and the key index of the records table; returns the
+ * key index.
  */
-void
+Oid
 idem_check_table_shape(Oid table)
 {
 	for (size_t i = 0; i < lengthof(expected_columns); i++)
 		(void) check_column(table, &expected_columns[i], true);
 	(void) idem_table_has_checkpoints(table);
-	check_key_index(table);
+	return check_key_index(table);
 }
 
 /*

@@ -5,7 +5,9 @@ A seeded generator (shapes.py) writes cases of many statement shapes that
 use the extension's functions.  Each case runs twice on identical starting
 data, in two databases of one cluster: diff_on (ALTER DATABASE ... SET
 idempotency.defer_writes = on: a fresh claim is held in memory and written
-later) and diff_off (every claim's record written at once: the reference).
+later, and a record is read by primary key without SPI where that is
+allowed, src/direct_read.c) and diff_off (every claim's record written at
+once and every record read through SQL: the reference).
 Every observable is compared after normalisation (harness.py): each
 statement's success or SQLSTATE and message, rows, row counts, notices and
 notifications, then the records and business tables.  Any difference is
@@ -89,6 +91,9 @@ def setup_databases(args):
             cur.execute('DROP DATABASE IF EXISTS %s' % db)
             cur.execute('CREATE DATABASE %s' % db)
             cur.execute('ALTER DATABASE %s SET idempotency.defer_writes = %s' % (db, side))
+            # the off side also reads every record through SQL, so the
+            # replay fast path (src/direct_read.c) is compared too
+            cur.execute('ALTER DATABASE %s SET idempotency.direct_reads = %s' % (db, side))
             cur.execute("ALTER DATABASE %s SET TimeZone = 'UTC'" % db)
             c2 = psycopg2.connect(dsn(args, db))
             c2.autocommit = True
@@ -260,7 +265,8 @@ def run(args):
     side_opts = {'on': None, 'off': None}
     if args.self_test:
         # both sides write at once: an unplanted case must show no difference
-        side_opts = {'on': '-c idempotency.defer_writes=off', 'off': '-c idempotency.defer_writes=off'}
+        both_off = '-c idempotency.defer_writes=off -c idempotency.direct_reads=off'
+        side_opts = {'on': both_off, 'off': both_off}
     sides = {name: Side(name, dsn(args, databases(args)[name]), side_opts[name]) for name in ('on', 'off')}
     want = {'on': 'off' if args.self_test else 'on', 'off': 'off'}
     for name, s in sides.items():

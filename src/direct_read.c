@@ -1,0 +1,219 @@
+/*
+ * direct_read.c
+ *		A record read by primary key without SPI: the replay fast path.
+ *
+ * A replay is one indexed read, and through SPI most of its cost is the
+ * executor's start and end around that read.  This module does the read
+ * itself: the key index probed with the statement's (or a fresh) MVCC
+ * snapshot, exactly as the prepared SELECT would, and the same columns
+ * returned.  It is used only where it sees what that SELECT would see and
+ * is refused what that SELECT would be refused:
+ *
+ *	- the table is a local one (never distributed by Citus, whose table on
+ *	  this node is an empty shell);
+ *	- the caller has SELECT on the whole table (column privileges, and their
+ *	  errors, are left to the executor);
+ *	- no row-level security applies to the caller;
+ *	- a snapshot is active (it always is inside a statement).
+ *
+ * Otherwise store.c reads through SPI.  idempotency.direct_reads = off
+ * turns this path off, so the differential suite can prove both give the
+ * same answers.
+ */
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_opfamily.h"
+#include "executor/tuptable.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/datum.h"
+#include "utils/fmgroids.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/rls.h"
+#include "utils/snapmgr.h"
+
+#include "idempotency.h"
+
+/* Where each column the read returns is in the table (0: not there). */
+typedef struct RecordColumns
+{
+	AttrNumber	status;
+	AttrNumber	token;
+	AttrNumber	fingerprint;
+	AttrNumber	response;
+	AttrNumber	expires_at;
+	AttrNumber	lease_expires_at;
+	AttrNumber	created_at;
+	AttrNumber	updated_at;
+	AttrNumber	recovery_point;
+	AttrNumber	state;
+} RecordColumns;
+
+static Oid	read_table = InvalidOid;
+static Oid	read_index = InvalidOid;
+static RecordColumns columns;
+
+/*
+ * Does a probe of this index find exactly the rows "tenant_id = $1 AND
+ * key = $2" finds?  It does for the extension's primary key: a btree with
+ * the text operator families, whose equality is byte equality under any
+ * deterministic collation.  A user could have replaced it with an index
+ * that compares otherwise; then reads go through SPI.
+ */
+static bool
+key_index_usable(Oid key_index)
+{
+	Relation	index = index_open(key_index, AccessShareLock);
+	bool		usable = index->rd_rel->relam == BTREE_AM_OID;
+
+	for (int i = 0; i < 2 && usable; i++)
+		usable = (index->rd_opfamily[i] == TEXT_BTREE_FAM_OID ||
+				  index->rd_opfamily[i] == TEXT_PATTERN_BTREE_FAM_OID) &&
+			OidIsValid(index->rd_indcollation[i]) &&
+			get_collation_isdeterministic(index->rd_indcollation[i]);
+	index_close(index, AccessShareLock);
+	return usable;
+}
+
+/*
+ * Point the reader at table and its (tenant_id, key) index; called by
+ * store.c whenever it (re)attaches to the table, after the shape check.
+ */
+void
+idem_direct_read_attach(Oid table, Oid key_index)
+{
+	read_table = table;
+	read_index = key_index_usable(key_index) ? key_index : InvalidOid;
+	columns.status = get_attnum(table, "status");
+	columns.token = get_attnum(table, "token");
+	columns.fingerprint = get_attnum(table, "fingerprint");
+	columns.response = get_attnum(table, "response");
+	columns.expires_at = get_attnum(table, "expires_at");
+	columns.lease_expires_at = get_attnum(table, "lease_expires_at");
+	columns.created_at = get_attnum(table, "created_at");
+	columns.updated_at = get_attnum(table, "updated_at");
+	columns.recovery_point = get_attnum(table, "recovery_point");
+	columns.state = get_attnum(table, "state");
+}
+
+/* Would the prepared SELECT see every row, with no policy in between? */
+static bool
+direct_read_allowed(void)
+{
+	return idem_direct_reads && OidIsValid(read_index) &&
+		!idem_store_distributed() && ActiveSnapshotSet() &&
+		pg_class_aclcheck(read_table, GetUserId(), ACL_SELECT) == ACLCHECK_OK &&
+		check_enable_rls(read_table, InvalidOid, true) == RLS_NONE;
+}
+
+/* A varlena column, copied (and detoasted) into the current context. */
+static Datum
+copied_varlena(TupleTableSlot *slot, AttrNumber att, bool *isnull)
+{
+	Datum		d;
+
+	if (att == InvalidAttrNumber)
+	{
+		*isnull = true;
+		return (Datum) 0;
+	}
+	d = slot_getattr(slot, att, isnull);
+	return *isnull ? (Datum) 0 : PointerGetDatum(PG_DETOAST_DATUM_COPY(d));
+}
+
+static TimestampTz
+timestamp_column(TupleTableSlot *slot, AttrNumber att, bool *isnull)
+{
+	return DatumGetTimestampTz(slot_getattr(slot, att, isnull));
+}
+
+/* Fill rec from the row in slot, as store.c's record_from_tuple does. */
+static void
+record_from_slot(TupleTableSlot *slot, IdemRecord *rec)
+{
+	bool		isnull;
+	Datum		d;
+	HeapTuple	tuple;
+
+	d = copied_varlena(slot, columns.status, &isnull);
+	rec->status = idem_status_from_text((text *) DatumGetPointer(d));
+	rec->token = DatumGetInt64(slot_getattr(slot, columns.token, &isnull));
+	d = copied_varlena(slot, columns.fingerprint, &isnull);
+	rec->fingerprint = isnull ? NULL : (text *) DatumGetPointer(d);
+	rec->response = copied_varlena(slot, columns.response, &rec->response_isnull);
+	rec->expires_at = timestamp_column(slot, columns.expires_at, &isnull);
+	rec->lease_expires_at = timestamp_column(slot, columns.lease_expires_at,
+											 &rec->lease_isnull);
+	rec->created_at = timestamp_column(slot, columns.created_at, &isnull);
+	rec->updated_at = timestamp_column(slot, columns.updated_at, &isnull);
+	d = copied_varlena(slot, columns.recovery_point, &isnull);
+	rec->recovery_point = isnull ? NULL : (text *) DatumGetPointer(d);
+	d = copied_varlena(slot, columns.state, &isnull);
+	rec->state = isnull ? (Datum) 0 : d;
+
+	tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
+	rec->xmin = HeapTupleHeaderGetRawXmin(tuple->t_data);
+}
+
+/*
+ * Read the record of k, as Q_READ would with the same snapshot.  Returns
+ * false when this path cannot be used (the caller reads through SPI), and
+ * otherwise sets *found.  fresh_snapshot: what committed since the
+ * statement began, after this transaction's own earlier writes (what SPI
+ * gives a statement that is not read-only).
+ */
+bool
+idem_direct_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot,
+				 bool *found)
+{
+	Relation	heap;
+	Relation	index;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	ScanKeyData keys[2];
+	Snapshot	snapshot;
+
+	if (!direct_read_allowed())
+		return false;
+
+	if (fresh_snapshot)
+	{
+		CommandCounterIncrement();
+		snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	}
+	else
+		snapshot = RegisterSnapshot(GetActiveSnapshot());
+
+	heap = table_open(read_table, AccessShareLock);
+	index = index_open(read_index, AccessShareLock);
+	ScanKeyEntryInitialize(&keys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[0], F_TEXTEQ,
+						   PointerGetDatum(k->tenant_id));
+	ScanKeyEntryInitialize(&keys[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[1], F_TEXTEQ,
+						   PointerGetDatum(k->key));
+
+	slot = table_slot_create(heap, NULL);
+	scan = index_beginscan(heap, index, snapshot, 2, 0);
+	index_rescan(scan, keys, 2, NULL, 0);
+	*found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	if (*found)
+		record_from_slot(slot, rec);
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+
+	/* the locks stay until the transaction ends, as the executor's do */
+	index_close(index, NoLock);
+	table_close(heap, NoLock);
+	UnregisterSnapshot(snapshot);
+	return true;
+}
