@@ -7,7 +7,8 @@
  * Nothing here links against Citus or calls it while a claim runs: the
  * answers come from Citus's catalog tables, which exist only where Citus
  * is installed, so every function answers "not distributed" / "no shards"
- * on a plain server.  The hot path asks only idem_citus_is_distributed(),
+ * on a plain server.  One call shape that crashes Citus is refused here
+ * before Citus sees it.  The hot path asks only idem_citus_is_distributed(),
  * once per (re)attach of the table (store.c caches the answer until the
  * table's relcache entry is invalidated, which distributing it does).
  */
@@ -17,12 +18,14 @@
 #include "access/table.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_namespace.h"
+#include "catalog/pg_proc.h"
 #include "executor/spi.h"
 #include "nodes/makefuncs.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
 #include "utils/regproc.h"
+#include "utils/syscache.h"
 #include "utils/rel.h"
 
 #include "compat.h"
@@ -30,16 +33,14 @@
 
 /* pg_dist_partition.logicalrelid, its first column */
 #define DIST_PARTITION_LOGICALRELID	1
+/* pg_dist_object.objid, its second column */
+#define DIST_OBJECT_OBJID			2
 
-/*
- * Is table listed in Citus's pg_dist_partition (distributed, or a Citus
- * reference or local table)?  A coordinator and, with metadata synced
- * (Citus's default), every worker list it.
- */
-bool
-idem_citus_is_distributed(Oid table)
+/* Does Citus's catalog table catalog have a row whose column att is oid? */
+static bool
+citus_catalog_lists(const char *catalog_name, AttrNumber att, Oid oid)
 {
-	Oid			catalog = get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE);
+	Oid			catalog = get_relname_relid(catalog_name, PG_CATALOG_NAMESPACE);
 	Relation	rel;
 	SysScanDesc scan;
 	ScanKeyData key;
@@ -49,13 +50,23 @@ idem_citus_is_distributed(Oid table)
 		return false;
 
 	rel = table_open(catalog, AccessShareLock);
-	ScanKeyInit(&key, DIST_PARTITION_LOGICALRELID, BTEqualStrategyNumber,
-				F_OIDEQ, ObjectIdGetDatum(table));
+	ScanKeyInit(&key, att, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(oid));
 	scan = systable_beginscan(rel, InvalidOid, false, NULL, 1, &key);
 	listed = HeapTupleIsValid(systable_getnext(scan));
 	systable_endscan(scan);
 	table_close(rel, AccessShareLock);
 	return listed;
+}
+
+/*
+ * Is table listed in Citus's pg_dist_partition (distributed, or a Citus
+ * reference or local table)?  A coordinator and, with metadata synced
+ * (Citus's default), every worker list it.
+ */
+bool
+idem_citus_is_distributed(Oid table)
+{
+	return citus_catalog_lists("pg_dist_partition", DIST_PARTITION_LOGICALRELID, table);
 }
 
 /* this node's shards of a distributed table, by schema-qualified name */
@@ -99,4 +110,110 @@ idem_citus_local_shards(Oid table)
 		MemoryContextSwitchTo(old);
 	}
 	return shards;
+}
+
+/* Is fn_oid one of this extension's functions, distributed by Citus? */
+static bool
+distributed_function_of_ours(Oid fn_oid)
+{
+	HeapTuple	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn_oid));
+	bool		ours = false;
+	bool		isnull;
+	Datum		bin;
+
+	if (!HeapTupleIsValid(tup))
+		return false;
+	bin = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_probin, &isnull);
+	ours = !isnull && strcmp(TextDatumGetCString(bin), "$libdir/idempotency") == 0;
+	ReleaseSysCache(tup);
+	return ours && citus_catalog_lists("pg_dist_object", DIST_OBJECT_OBJID, fn_oid);
+}
+
+/*
+ * Could PostgreSQL pull subquery q up into the query above it, leaving
+ * that query without a WHERE clause (Citus delegates only a call without
+ * one)?  The conditions of is_simple_subquery() that a SELECT can fail,
+ * roughly: a subquery this answers true for and PostgreSQL keeps is
+ * refused needlessly, never the other way round.
+ */
+static bool
+may_be_pulled_up(Query *q)
+{
+	return q->commandType == CMD_SELECT && q->setOperations == NULL &&
+		q->jointree != NULL && q->jointree->quals == NULL &&
+		!q->hasAggs && !q->hasWindowFuncs && !q->hasTargetSRFs &&
+		q->groupClause == NIL && q->groupingSets == NIL &&
+		q->havingQual == NULL && q->sortClause == NIL &&
+		q->distinctClause == NIL && q->limitOffset == NULL &&
+		q->limitCount == NULL && !q->hasForUpdate && q->cteList == NIL;
+}
+
+/*
+ * The first of our distributed functions called in the FROM clause of a
+ * subquery in the FROM clause of q, or of a subquery nested in that one,
+ * that would be pulled up; InvalidOid if none.
+ */
+static Oid
+pulled_up_call(Query *q)
+{
+	ListCell   *lc;
+
+	foreach(lc, q->rtable)
+	{
+		RangeTblEntry *rte = lfirst(lc);
+		ListCell   *fc;
+		Oid			found;
+
+		if (rte->rtekind != RTE_SUBQUERY || rte->subquery == NULL ||
+			!may_be_pulled_up(rte->subquery))
+			continue;
+		found = pulled_up_call(rte->subquery);
+		if (OidIsValid(found))
+			return found;
+		foreach(fc, rte->subquery->rtable)
+		{
+			RangeTblEntry *inner = lfirst(fc);
+			ListCell   *f;
+
+			if (inner->rtekind != RTE_FUNCTION)
+				continue;
+			foreach(f, inner->functions)
+			{
+				Node	   *expr = ((RangeTblFunction *) lfirst(f))->funcexpr;
+
+				if (IsA(expr, FuncExpr) &&
+					distributed_function_of_ours(((FuncExpr *) expr)->funcid))
+					return ((FuncExpr *) expr)->funcid;
+			}
+		}
+	}
+	return InvalidOid;
+}
+
+/*
+ * Refuse, before Citus plans it, a call shape that Citus 13.2 cannot plan:
+ * its function-call delegation crashes the backend (a null pointer in its
+ * query deparser) on a SELECT whose FROM holds a subquery that calls a
+ * distributed function in its own FROM and is pulled up, such as
+ * SELECT outcome FROM (SELECT * FROM idem_claim(...)) s.  Called by the
+ * planner hook (readers.c) for every statement; costs a look at its range
+ * table unless such a subquery is there.
+ */
+void
+idem_citus_refuse_crashing_call(Query *parse)
+{
+	Oid			fn_oid;
+
+	if (parse->commandType != CMD_SELECT || parse->jointree == NULL ||
+		parse->jointree->quals != NULL)
+		return;
+	fn_oid = pulled_up_call(parse);
+	if (OidIsValid(fn_oid))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("%s cannot be called in a subquery in FROM on a Citus cluster",
+						get_func_name(fn_oid)),
+				 errdetail("Citus cannot plan a distributed function called there."),
+				 errhint("Call it directly, as in SELECT ... FROM %s(...), or in the select list of the subquery.",
+						 get_func_name(fn_oid))));
 }

@@ -374,6 +374,8 @@ readers_planner(Query *parse, const char *query_string, int cursorOptions,
 	bool		reader = classify && reader_walker((Node *) parse, NULL);
 	PlannedStmt *result;
 
+	idem_citus_refuse_crashing_call(parse);
+
 	if (prev_planner_hook)
 		result = prev_planner_hook(parse, query_string, cursorOptions, boundParams);
 	else
