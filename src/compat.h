@@ -24,6 +24,15 @@
 #define IDEM_EXECUTOR_RUN_ARGS queryDesc, direction, count, execute_once
 #endif
 
+/* PostgreSQL 18 gave index_beginscan an instrumentation argument. */
+#if PG_VERSION_NUM >= 180000
+#define idem_index_beginscan(heap, index, snapshot, nkeys) \
+	index_beginscan(heap, index, snapshot, NULL, nkeys, 0)
+#else
+#define idem_index_beginscan(heap, index, snapshot, nkeys) \
+	index_beginscan(heap, index, snapshot, nkeys, 0)
+#endif
+
 /* PostgreSQL 16 gave stringToQualifiedNameList a soft-error context. */
 #if PG_VERSION_NUM >= 160000
 #define idem_qualified_name_list(name) stringToQualifiedNameList(name, NULL)

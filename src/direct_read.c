@@ -41,6 +41,7 @@
 #include "utils/rls.h"
 #include "utils/snapmgr.h"
 
+#include "compat.h"
 #include "idempotency.h"
 
 /* Where each column the read returns is in the table (0: not there). */
@@ -203,7 +204,7 @@ idem_direct_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot,
 						   PointerGetDatum(k->key));
 
 	slot = table_slot_create(heap, NULL);
-	scan = index_beginscan(heap, index, snapshot, 2, 0);
+	scan = idem_index_beginscan(heap, index, snapshot, 2);
 	index_rescan(scan, keys, 2, NULL, 0);
 	*found = index_getnext_slot(scan, ForwardScanDirection, slot);
 	if (*found)
