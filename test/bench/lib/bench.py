@@ -29,7 +29,7 @@ import scenario_storage            # noqa: E402
 import scenario_sweep              # noqa: E402
 from measure import Meter, driver_cmd, run_driver, run_pgbench   # noqa: E402
 from scenarios import BY_ID, claim_single_script                # noqa: E402
-from servers import PG_BIN, PgCluster, Redis, run                # noqa: E402
+from servers import PG_BIN, PG_MAJOR, RESULTS_SUFFIX, PgCluster, Redis, run  # noqa: E402
 
 BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_DIR = os.path.dirname(os.path.dirname(BENCH_DIR))
@@ -248,6 +248,9 @@ def machine():
     with open("/proc/meminfo") as f:
         mem_kb = int(f.readline().split()[1])
     osname = platform.system()
+    if os.environ.get("IDEM_BENCH_SYSTEM"):          # run inside a chroot (test/bench/run)
+        return f"{os.cpu_count()} cores ({cpu}), {mem_kb / 1048576:.0f} GiB RAM, " \
+               + os.environ["IDEM_BENCH_SYSTEM"]
     try:
         with open("/etc/os-release") as f:
             for line in f:
@@ -271,7 +274,12 @@ def git_describe():
 
 
 def main():
-    ap = argparse.ArgumentParser(description="idempotency benchmark (issue 5)")
+    ap = argparse.ArgumentParser(
+        description="idempotency benchmark (issue 5)",
+        epilog="test/bench/run also takes --pg NN (PostgreSQL NN; 17 and 18 run in a Debian "
+               "chroot, results in quick-pgNN.* or latest-pgNN.*) and --all-versions (15, 17 "
+               "and 18 in turn, key ratios side by side in quick-versions.md or "
+               "latest-versions.md).")
     ap.add_argument("--quick", action="store_true", help="fewer, shorter rounds (< 3 min)")
     ap.add_argument("--port-base", type=int,
                     default=int(os.environ.get("IDEM_BENCH_PORT_BASE", "55500")),
@@ -321,7 +329,8 @@ def main():
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "machine": machine(),
         "pg": pg_version, "redis": redis_version, "ext": ext_version, "git": git_describe(),
-        "command": "test/bench/run" + (" --quick" if args.quick else ""),
+        "command": "test/bench/run" + (" --quick" if args.quick else "")
+                   + (f" --pg {PG_MAJOR}" if RESULTS_SUFFIX else ""),
         "rounds": p["rounds"],
         "durations": (f"{d['write']} s per write run with synchronous_commit on, {d['off']} s "
                       f"with it off, {d['read']} s per read-only or batch run, {d['s0']} s "
@@ -344,7 +353,7 @@ def main():
         md += "\n### Errors\n\n" + "\n".join(f"- {e}" for e in errors) + "\n"
 
     os.makedirs(args.results, exist_ok=True)
-    stem = "latest" if mode == "default" else "quick"
+    stem = ("latest" if mode == "default" else "quick") + RESULTS_SUFFIX
     out = {ext: os.path.join(args.results, f"{stem}.{ext}") for ext in ("md", "csv", "png")}
     with open(out["md"], "w") as f:
         f.write(md + "\n")
@@ -354,7 +363,7 @@ def main():
                        f"{meta['machine']}; PostgreSQL {pg_version}; {meta['command']}")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     for ext, path in out.items():
-        shutil.copy(path, os.path.join(args.results, f"{stamp}-{mode}.{ext}"))
+        shutil.copy(path, os.path.join(args.results, f"{stamp}-{mode}{RESULTS_SUFFIX}.{ext}"))
 
     print()
     print(md)
@@ -368,7 +377,7 @@ def main():
 
 def notes(p):
     return [
-        f"Servers: a throwaway PostgreSQL {(os.environ.get('PG_MAJOR') or '15')} cluster (initdb in a temporary directory, "
+        f"Servers: a throwaway PostgreSQL {PG_MAJOR} cluster (initdb in a temporary directory, "
         "shared_preload_libraries = 'idempotency,pg_stat_statements', shared_buffers = "
         f"{p['shared_buffers']}, autovacuum off, one CHECKPOINT before the tables are filled "
         "and none during the rounds) and "

@@ -12,8 +12,11 @@ import time
 
 import psycopg2
 
-# test/lib/pg-env exports PG_BINDIR (PG_MAJOR, default 15)
-PG_BIN = os.environ.get("PG_BINDIR") or f"/usr/lib/postgresql/{(os.environ.get('PG_MAJOR') or '15')}/bin"
+# test/lib/pg-env exports PG_MAJOR (default 15, the host's) and PG_BINDIR
+PG_MAJOR = os.environ.get("PG_MAJOR") or "15"
+PG_BIN = os.environ.get("PG_BINDIR") or f"/usr/lib/postgresql/{PG_MAJOR}/bin"
+# results of another major go to files of their own: quick-pg17.md, ...
+RESULTS_SUFFIX = "" if PG_MAJOR == "15" else f"-pg{PG_MAJOR}"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
