@@ -248,8 +248,32 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 
 		if (!found)
 		{
-			int64		token = idem_fresh_token(now);
-			TimestampTz lease_end = idem_add_duration(now, args->lease_us, "lease");
+			TransactionId inserter = idem_direct_inserter(k);
+			int64		token;
+			TimestampTz lease_end;
+
+			/*
+			 * An idem_claim_many still in flight inserted the key and gave
+			 * its key lock back: in progress, as if its lock were held.  A
+			 * wait lets the key lock go first, so that the batch's own
+			 * settling of the key never waits on this claim.
+			 */
+			if (TransactionIdIsValid(inserter))
+			{
+				idem_keylock_release(k);
+				have_lock = false;
+				if (now < deadline &&
+					idem_keylock_wait_for_inserter(inserter, deadline - now))
+				{
+					now = GetCurrentTimestamp();
+					conflicts--;
+					continue;
+				}
+				res->outcome = IDEM_OUTCOME_IN_PROGRESS;
+				break;
+			}
+			token = idem_fresh_token(now);
+			lease_end = idem_add_duration(now, args->lease_us, "lease");
 
 			if (defer)
 				idem_pending_add(k, args->fingerprint, token, now, lease_end,

@@ -6,7 +6,8 @@
  * Each key gets exactly the decision idem_claim (claim.c) would give it, in
  * input order; a key repeated in the array is claimed once and is
  * in_progress after that, as a second idem_claim in the same transaction
- * would be.  The fresh keys are inserted in bulk.
+ * would be.  The fresh keys are inserted in bulk, 100 at a time, and
+ * hold their key locks only while they are being inserted.
  */
 #include "postgres.h"
 
@@ -20,12 +21,15 @@
 
 PG_FUNCTION_INFO_V1(idem_claim_many);
 
-/*
- * The largest batch.  Every claimed key holds a key lock until the
- * transaction ends, and those come out of the shared lock table
- * (max_locks_per_transaction x max_connections slots).
- */
+/* The largest batch. */
 #define IDEM_CLAIM_MANY_MAX		1000
+
+/*
+ * A batch takes the key locks of its fresh keys this many at a time, each
+ * group for the span of its INSERT only (see let_inserted_keys_go), so that
+ * consumers' batches hardly take room in the shared lock table.
+ */
+#define IDEM_CLAIM_MANY_LOCKED_AT_ONCE	100
 
 /* Deconstruct a one-dimensional text[] argument (NULL elements allowed). */
 static int
@@ -174,14 +178,15 @@ text_array(text **items, int n)
  * One row per element of keys, in order.  All arguments are checked before
  * any key is claimed, so a bad element changes nothing.
  *
- * A batch of new keys costs one statement: every free key's lock, then one
- * INSERT of all of them.  Keys that turn out to have a record are read by
- * primary key and decided as idem_claim decides; only the rare keys that
- * need more (an expired record to take over, a key repeated in the batch)
- * go through idem_claim_one, exactly as idem_claim would.
+ * A batch of new keys costs one statement per 100 keys: every free key's
+ * lock, then one INSERT of them all, then the locks are given back.  Keys
+ * that turn out to have a record are read by primary key and decided as
+ * idem_claim decides; only the rare keys that need more (an expired record
+ * to take over, a key repeated in the batch) go through idem_claim_one,
+ * exactly as idem_claim would.
  */
 /*
- * After a batch found an existing key, this many batches go straight to
+ * After an INSERT found an existing key, this many INSERTs go straight to
  * the speculative INSERT (a consumer replaying its batches replays many).
  */
 #define IDEM_OPTIMISTIC_BACKOFF	16
@@ -200,6 +205,8 @@ typedef struct FreshInsert
 	int64		ttl_us;
 	bool		speculative;	/* ON CONFLICT DO NOTHING, or a plain INSERT */
 	Batch	   *batch;
+	int			from;			/* the elements of batch it covers */
+	int			to;
 } FreshInsert;
 
 static void
@@ -247,13 +254,118 @@ insert_all_fresh(FreshInsert *f)
 static void
 insert_each_fresh(FreshInsert *f)
 {
-	for (int i = 0; i < f->batch->nkeys; i++)
+	for (int i = f->from; i < f->to; i++)
 	{
 		BatchKey   *bk = &f->batch->keys[i];
 
 		if (bk->locked)
 			bk->inserted = idem_store_insert(&bk->k, bk->fingerprint, bk->token,
 											 f->now, f->lease_end, f->ttl_us);
+	}
+}
+
+/*
+ * Take the key lock of each free key among elements [from, to), without
+ * waiting (a busy key is decided later: in_progress), and give it a token.
+ * Where lets_locks_go, a key that another batch in flight inserted is left
+ * alone too: its row, not a lock, keeps claimers out (in_progress as well).
+ * Returns how many were locked.
+ */
+static int
+lock_free_keys(Batch *batch, int from, int to, TimestampTz now,
+			   bool lets_locks_go)
+{
+	int			locked = 0;
+
+	for (int i = from; i < to; i++)
+	{
+		BatchKey   *bk = &batch->keys[i];
+
+		if (bk->first != i ||
+			idem_keylock_acquire(&bk->k, 0) == IDEM_KEYLOCK_BUSY)
+			continue;
+		if (lets_locks_go && TransactionIdIsValid(idem_direct_inserter(&bk->k)))
+		{
+			idem_keylock_release(&bk->k);
+			continue;
+		}
+		bk->locked = true;
+		bk->token = idem_fresh_token(now);
+		locked++;
+	}
+	return locked;
+}
+
+/*
+ * Insert the n locked keys among elements [from, to) in one statement
+ * (on a Citus table, one per key); marks those that went in.
+ */
+static void
+insert_locked_keys(Batch *batch, int from, int to, int n, text *tenant_id,
+				   TimestampTz now, TimestampTz lease_end, int64 ttl_us)
+{
+	text	  **keys = palloc(sizeof(text *) * n);
+	text	  **fps = palloc(sizeof(text *) * n);
+	bool	   *fp_isnull = palloc(sizeof(bool) * n);
+	Datum	   *tokens = palloc(sizeof(Datum) * n);
+	int			dims[1] = {n};
+	int			lbs[1] = {1};
+	int			j = 0;
+	FreshInsert f;
+
+	for (int i = from; i < to; i++)
+	{
+		BatchKey   *bk = &batch->keys[i];
+
+		if (!bk->locked)
+			continue;
+		keys[j] = bk->k.key;
+		fps[j] = bk->fingerprint;
+		fp_isnull[j] = bk->fingerprint == NULL;
+		tokens[j] = Int64GetDatum(bk->token);
+		j++;
+	}
+	Assert(j == n);
+
+	f.tenant_id = tenant_id;
+	f.keys = text_array(keys, n);
+	f.tokens = PointerGetDatum(construct_array(tokens, n, INT8OID, 8,
+											   FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	f.fps = PointerGetDatum(construct_md_array((Datum *) fps, fp_isnull, 1, dims, lbs,
+											   TEXTOID, -1, false, TYPALIGN_INT));
+	f.now = now;
+	f.lease_end = lease_end;
+	f.ttl_us = ttl_us;
+	f.batch = batch;
+	f.from = from;
+	f.to = to;
+	if (idem_store_distributed())
+		insert_each_fresh(&f);
+	else if (!insert_all_fresh(&f))
+	{
+		f.speculative = true;
+		insert_fresh(&f);
+	}
+}
+
+/*
+ * Give back the key locks of the keys inserted among elements [from, to):
+ * their rows keep other claimers out from now on (idem_direct_inserter),
+ * so a batch holds at most IDEM_CLAIM_MANY_LOCKED_AT_ONCE key locks, and
+ * only during its INSERT.
+ */
+static void
+let_inserted_keys_go(Batch *batch, int from, int to)
+{
+	for (int i = from; i < to; i++)
+	{
+		BatchKey   *bk = &batch->keys[i];
+
+		if (bk->locked && bk->inserted)
+		{
+			idem_keylock_release(&bk->k);
+			bk->locked = false;
+		}
 	}
 }
 
@@ -271,10 +383,8 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	Batch		batch;
 	TimestampTz now;
 	TimestampTz lease_end;
-	text	  **fresh_keys;
-	text	  **fresh_fps;
-	Datum	   *fresh_tokens;
-	int			nfresh = 0;
+	bool		lets_locks_go;
+	int			chunk;
 
 	tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
 	if (PG_ARGISNULL(1))
@@ -322,9 +432,6 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	}
 
 	InitMaterializedSRF(fcinfo, 0);
-	fresh_keys = palloc(sizeof(text *) * Max(nkeys, 1));
-	fresh_fps = palloc(sizeof(text *) * Max(nkeys, 1));
-	fresh_tokens = palloc(sizeof(Datum) * Max(nkeys, 1));
 
 	/* held claims: written before this statement started (readers.c), or
 	 * now, when it is called outside any statement (a PL/pgSQL expression) */
@@ -332,54 +439,23 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	idem_store_begin(fcinfo);
 
 	/*
-	 * 1. take the lock of every distinct key that is free; a batch of a
-	 * consumer is mostly new messages, so those go straight to the INSERT.
+	 * 1. and 2. the free keys go straight to the INSERT, a chunk at a time
+	 * where their key locks can be given back after it (a local table)
 	 */
 	now = GetCurrentTimestamp();
 	lease_end = idem_add_duration(now, args.lease_us, "lease");
-	for (int i = 0; i < nkeys; i++)
+	lets_locks_go = idem_direct_probe_available();
+	chunk = lets_locks_go ? IDEM_CLAIM_MANY_LOCKED_AT_ONCE : Max(nkeys, 1);
+	for (int from = 0; from < nkeys; from += chunk)
 	{
-		BatchKey   *bk = &batch.keys[i];
+		int			to = Min(from + chunk, nkeys);
+		int			locked = lock_free_keys(&batch, from, to, now, lets_locks_go);
 
-		if (bk->first != i ||
-			idem_keylock_acquire(&bk->k, 0) == IDEM_KEYLOCK_BUSY)
-			continue;
-		bk->locked = true;
-		bk->token = idem_fresh_token(now);
-		fresh_keys[nfresh] = bk->k.key;
-		fresh_fps[nfresh] = bk->fingerprint;
-		fresh_tokens[nfresh] = Int64GetDatum(bk->token);
-		nfresh++;
-	}
-
-	/* 2. every locked key in one INSERT; RETURNING says which had no record */
-	if (nfresh > 0)
-	{
-		FreshInsert f;
-		bool	   *fp_isnull = palloc(sizeof(bool) * nfresh);
-		int			dims[1] = {nfresh};
-		int			lbs[1] = {1};
-
-		for (int j = 0; j < nfresh; j++)
-			fp_isnull[j] = fresh_fps[j] == NULL;
-		f.tenant_id = tenant_id;
-		f.keys = text_array(fresh_keys, nfresh);
-		f.tokens = PointerGetDatum(construct_array(fresh_tokens, nfresh, INT8OID, 8,
-												   FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-		f.fps = PointerGetDatum(construct_md_array((Datum *) fresh_fps, fp_isnull, 1,
-												   dims, lbs, TEXTOID, -1, false,
-												   TYPALIGN_INT));
-		f.now = now;
-		f.lease_end = lease_end;
-		f.ttl_us = args.ttl_us;
-		f.batch = &batch;
-		if (idem_store_distributed())
-			insert_each_fresh(&f);
-		else if (!insert_all_fresh(&f))
-		{
-			f.speculative = true;
-			insert_fresh(&f);
-		}
+		if (locked > 0)
+			insert_locked_keys(&batch, from, to, locked, tenant_id, now,
+							   lease_end, args.ttl_us);
+		if (lets_locks_go)
+			let_inserted_keys_go(&batch, from, to);
 	}
 
 	/*

@@ -19,6 +19,9 @@
  * Otherwise store.c reads through SPI.  idempotency.direct_reads = off
  * turns this path off, so the differential suite can prove both give the
  * same answers.
+ *
+ * The same index probe, with a dirty snapshot, tells a claim that another
+ * transaction is inserting its key (idem_direct_inserter).
  */
 #include "postgres.h"
 
@@ -26,6 +29,7 @@
 #include "access/heapam.h"
 #include "access/htup_details.h"
 #include "access/stratnum.h"
+#include "access/subtrans.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
@@ -110,8 +114,7 @@ idem_direct_read_attach(Oid table, Oid key_index)
 static bool
 direct_read_allowed(void)
 {
-	return idem_direct_reads && OidIsValid(read_index) &&
-		!idem_store_distributed() && ActiveSnapshotSet() &&
+	return idem_direct_reads && idem_direct_probe_available() && ActiveSnapshotSet() &&
 		pg_class_aclcheck(read_table, GetUserId(), ACL_SELECT) == ACLCHECK_OK &&
 		check_enable_rls(read_table, InvalidOid, true) == RLS_NONE;
 }
@@ -165,6 +168,18 @@ record_from_slot(TupleTableSlot *slot, IdemRecord *rec)
 	rec->xmin = HeapTupleHeaderGetRawXmin(tuple->t_data);
 }
 
+/* "tenant_id = k->tenant_id AND key = k->key" as scan keys of the index */
+static void
+key_scan_keys(Relation index, const IdemKey *k, ScanKeyData *keys)
+{
+	ScanKeyEntryInitialize(&keys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[0], F_TEXTEQ,
+						   PointerGetDatum(k->tenant_id));
+	ScanKeyEntryInitialize(&keys[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
+						   index->rd_indcollation[1], F_TEXTEQ,
+						   PointerGetDatum(k->key));
+}
+
 /*
  * Read the record of k, as Q_READ would with the same snapshot.  Returns
  * false when this path cannot be used (the caller reads through SPI), and
@@ -196,12 +211,7 @@ idem_direct_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot,
 
 	heap = table_open(read_table, AccessShareLock);
 	index = index_open(read_index, AccessShareLock);
-	ScanKeyEntryInitialize(&keys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
-						   index->rd_indcollation[0], F_TEXTEQ,
-						   PointerGetDatum(k->tenant_id));
-	ScanKeyEntryInitialize(&keys[1], 0, 2, BTEqualStrategyNumber, InvalidOid,
-						   index->rd_indcollation[1], F_TEXTEQ,
-						   PointerGetDatum(k->key));
+	key_scan_keys(index, k, keys);
 
 	slot = table_slot_create(heap, NULL);
 	scan = idem_index_beginscan(heap, index, snapshot, 2);
@@ -217,4 +227,62 @@ idem_direct_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot,
 	table_close(heap, NoLock);
 	UnregisterSnapshot(snapshot);
 	return true;
+}
+
+/*
+ * Can idem_direct_inserter() look at the key index?  On a local table
+ * with the extension's key index.  Table properties only, the same for
+ * every role: idem_claim_many lets its key locks go after its INSERT only
+ * where every claimer can see that INSERT this way.
+ */
+bool
+idem_direct_probe_available(void)
+{
+	return OidIsValid(read_index) && !idem_store_distributed();
+}
+
+/*
+ * Another transaction that has inserted the record of k and not yet ended
+ * (an idem_claim_many that gave its key lock back once its INSERT was
+ * done), as its top-level transaction, or InvalidTransactionId.  A probe of the key index with a dirty
+ * snapshot, as the unique check of an INSERT makes before it would wait for
+ * that transaction: like that check, it sees past privileges and row-level
+ * security, and tells only that a transaction is writing this key.
+ */
+TransactionId
+idem_direct_inserter(const IdemKey *k)
+{
+	SnapshotData dirty;
+	Relation	heap;
+	Relation	index;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+	ScanKeyData keys[2];
+	TransactionId inserter = InvalidTransactionId;
+
+	if (!idem_direct_probe_available())
+		return InvalidTransactionId;
+
+	InitDirtySnapshot(dirty);
+	heap = table_open(read_table, AccessShareLock);
+	index = index_open(read_index, AccessShareLock);
+	key_scan_keys(index, k, keys);
+	slot = table_slot_create(heap, NULL);
+	scan = idem_index_beginscan(heap, index, &dirty, 2);
+	index_rescan(scan, keys, 2, NULL, 0);
+	while (!TransactionIdIsValid(inserter) &&
+		   index_getnext_slot(scan, ForwardScanDirection, slot))
+		inserter = dirty.xmin;	/* set when the inserter is still running */
+	index_endscan(scan);
+	ExecDropSingleTupleTableSlot(slot);
+	index_close(index, NoLock);
+	table_close(heap, NoLock);
+
+	/*
+	 * The row may come from a subtransaction (idem_claim_many inserts in
+	 * one), whose own lock ends when it commits: name the transaction that
+	 * is still running, the one to wait for.
+	 */
+	return TransactionIdIsValid(inserter) ?
+		SubTransGetTopmostTransaction(inserter) : InvalidTransactionId;
 }

@@ -211,6 +211,8 @@ extern IdemStatus idem_status_from_text(text *t);
 extern void idem_direct_read_attach(Oid table, Oid key_index);
 extern bool idem_direct_read(const IdemKey *k, IdemRecord *rec,
 							 bool fresh_snapshot, bool *found);
+extern bool idem_direct_probe_available(void);
+extern TransactionId idem_direct_inserter(const IdemKey *k);
 
 /* ---------- a Citus cluster (citus.c) ---------- */
 
@@ -258,6 +260,7 @@ typedef enum IdemKeyLockResult
 extern IdemKeyLockResult idem_keylock_acquire(const IdemKey *k, int64 wait_us);
 extern void idem_keylock_hold(const IdemKey *k);
 extern void idem_keylock_release(const IdemKey *k);
+extern bool idem_keylock_wait_for_inserter(TransactionId xid, int64 wait_us);
 
 /* ---------- claims written when they settle (pending.c) ---------- */
 

@@ -20,6 +20,7 @@
 #include "access/xact.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
+#include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "storage/proc.h"
 #include "utils/guc.h"
@@ -66,6 +67,7 @@ wait_timeout_ms(int64 wait_us)
 typedef struct KeylockWait
 {
 	const LOCKTAG *tag;
+	LOCKMODE	mode;
 	int			timeout_ms;
 } KeylockWait;
 
@@ -81,20 +83,31 @@ keylock_wait_step(void *arg)
 	(void) set_config_option("lock_timeout", value,
 							 PGC_USERSET, PGC_S_SESSION,
 							 GUC_ACTION_SAVE, true, 0, false);
-	(void) LockAcquire(w->tag, ExclusiveLock, false, false);
+	(void) LockAcquire(w->tag, w->mode, false, false);
 	AtEOXact_GUC(true, nestlevel);
+}
+
+/*
+ * Wait up to wait_us for lock tag in mode; returns false when the wait ran
+ * out.  The lock is then held by the transaction's resource owner.
+ */
+static bool
+lock_wait(const LOCKTAG *tag, LOCKMODE mode, int64 wait_us)
+{
+	static const int ends_wait[] = {ERRCODE_LOCK_NOT_AVAILABLE,
+	ERRCODE_T_R_DEADLOCK_DETECTED};
+	KeylockWait w = {tag, mode, wait_timeout_ms(wait_us)};
+
+	return idem_try_in_subtransaction(keylock_wait_step, &w, ends_wait,
+									  lengthof(ends_wait));
 }
 
 static bool
 keylock_wait(const LOCKTAG *tag, int64 wait_us)
 {
-	static const int ends_wait[] = {ERRCODE_LOCK_NOT_AVAILABLE,
-	ERRCODE_T_R_DEADLOCK_DETECTED};
-	KeylockWait w = {tag, wait_timeout_ms(wait_us)};
 	ResourceOwner caller_owner = CurrentResourceOwner;
 
-	if (!idem_try_in_subtransaction(keylock_wait_step, &w, ends_wait,
-									lengthof(ends_wait)))
+	if (!lock_wait(tag, ExclusiveLock, wait_us))
 		return false;
 
 	/*
@@ -128,9 +141,35 @@ idem_keylock_acquire(const IdemKey *k, int64 wait_us)
 }
 
 /*
+ * Wait up to wait_us for transaction xid to end (a claim_many that inserted
+ * a key and gave its key lock back).  A genuine lock wait on the
+ * transaction, like the key lock's.  Returns false when the wait ran out.
+ */
+bool
+idem_keylock_wait_for_inserter(TransactionId xid, int64 wait_us)
+{
+	LOCKTAG		tag;
+	ResourceOwner caller_owner = CurrentResourceOwner;
+
+	if (wait_us <= 0)
+		return false;
+	SET_LOCKTAG_TRANSACTION(tag, xid);
+	if (!lock_wait(&tag, ShareLock, wait_us))
+		return false;
+	/* only the wait was wanted: drop the lock the subtransaction handed on */
+	CurrentResourceOwner = CurTransactionResourceOwner;
+	LockRelease(&tag, ShareLock, false);
+	CurrentResourceOwner = caller_owner;
+	return true;
+}
+
+/*
  * Take the key lock, waiting as long as it takes (lock_timeout applies).
  * Used by the fenced writes: they wait for a claim in flight rather than
- * meet its uncommitted row, so a claim never waits on them in turn.
+ * meet its uncommitted row, so a claim never waits on them in turn.  A
+ * key inserted by an idem_claim_many still in flight has no lock holder:
+ * wait for that transaction first, without the key lock, so that its own
+ * settling of the key never waits on this one.
  */
 void
 idem_keylock_hold(const IdemKey *k)
@@ -138,7 +177,17 @@ idem_keylock_hold(const IdemKey *k)
 	LOCKTAG		tag;
 
 	keylock_tag(k, &tag);
-	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	for (;;)
+	{
+		TransactionId inserter;
+
+		(void) LockAcquire(&tag, ExclusiveLock, false, false);
+		inserter = idem_direct_inserter(k);
+		if (!TransactionIdIsValid(inserter))
+			return;
+		LockRelease(&tag, ExclusiveLock, false);
+		XactLockTableWait(inserter, NULL, NULL, XLTW_None);
+	}
 }
 
 /*

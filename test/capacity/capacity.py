@@ -2,9 +2,10 @@
 """The lock-table capacity that docs/capacity.md documents, measured.
 
 Run by test/suites/57-capacity against a server that preloads idempotency.
-Every fresh key a transaction claims holds one lock (a transaction-level
-advisory lock) in the server's shared lock table until the transaction ends.
-PostgreSQL guarantees room for
+Every fresh key a transaction claims with idem_claim holds one lock (a
+transaction-level advisory lock) in the server's shared lock table until the
+transaction ends; idem_claim_many holds its fresh keys' locks only during its
+INSERT, at most 100 at a time.  PostgreSQL guarantees room for
 
     N = max_locks_per_transaction * (max_connections + autovacuum_max_workers + 1
         + max_worker_processes + max_wal_senders + max_prepared_transactions)
@@ -12,20 +13,26 @@ PostgreSQL guarantees room for
 locks across all sessions (InitializeMaxBackends + NLOCKENTS in lock.c); past
 N the table borrows the server's spare shared memory until that is gone too.
 Checks (each line of output is one):
-  - one lock per fresh key, none for a replay or an in_progress key;
+  - idem_claim: one lock per fresh key until the transaction ends;
+    idem_claim_many: none once it returns, whatever the outcomes (replays,
+    keys of claims or of another batch in flight, fresh keys);
+  - 20 consumers each with a batch of 1000 fresh keys in an open
+    transaction, then 5 more batches each at the same time (far more keys
+    than N): no error, the shared table far from full;
   - 4 consumers holding, together, N minus the locks already held by others
-    (measured in pg_locks) minus a margin of 16, in batches of up to 1000
-    keys, all succeed: the documented guarantee;
+    (measured in pg_locks) minus a margin of 16, claiming with idem_claim up
+    to 1000 keys per statement, all succeed: the documented guarantee;
   - a fifth session then claims until the table is full: it fails with 53200
     "out of shared memory", and the total reached is at least N (printed
     with its ratio to N);
-  - while the table is full, another session's idem_claim fails with 53200
-    and a new connection fails with FATAL "out of shared memory";
+  - while the table is full, another session's idem_claim of 10 keys fails
+    with 53200 and a new connection fails with FATAL "out of shared memory";
   - once the holders roll back, claims and connections work again.
 """
 
 import argparse
 import sys
+import threading
 
 import psycopg2
 
@@ -59,17 +66,27 @@ def advisory_locks(c, pid):
 
 
 def claim_range(c, tenant, start, count, batch=1000):
-    """Claim keys start..start+count-1 in this session's open transaction,
-    in batches of at most `batch` keys; returns how many came back claimed."""
+    """Claim keys start..start+count-1 with idem_claim, one key per row of
+    a statement of at most `batch` rows, in this session's open transaction
+    (each claimed key keeps its key lock until the transaction ends);
+    returns how many came back claimed."""
     claimed = 0
     n = start
     while n < start + count:
         size = min(batch, start + count - n)
-        claimed += one(c, """SELECT count(*) FILTER (WHERE outcome = 'claimed')
-                             FROM idem_claim_many(%s, ARRAY(SELECT 'k' || g FROM generate_series(%s, %s) g))""",
+        claimed += one(c, """SELECT count(*) FILTER (WHERE (idem_claim(%s, 'k' || g)).outcome = 'claimed')
+                             FROM generate_series(%s, %s) g""",
                        (tenant, n, n + size - 1))[0]
         n += size
     return claimed
+
+
+def claim_batch(c, tenant, start, count):
+    """One idem_claim_many of keys start..start+count-1; returns how many
+    came back claimed."""
+    return one(c, """SELECT count(*) FILTER (WHERE outcome = 'claimed')
+                     FROM idem_claim_many(%s, ARRAY(SELECT 'k' || g FROM generate_series(%s, %s) g))""",
+               (tenant, start, start + count - 1))[0]
 
 
 def fill_until_full(c, tenant, start):
@@ -114,33 +131,70 @@ def main():
           % (s['max_locks_per_transaction'], s['max_connections'], s['autovacuum_max_workers'],
              s['max_worker_processes'], s['max_wal_senders'], s['max_prepared_transactions'], N))
 
-    # one lock per fresh key; none for replays or in_progress keys
+    # idem_claim: one lock per fresh key, to the end of the transaction
     c = connect(args)
     pid = c.get_backend_pid()
     claimed = claim_range(c, 'count', 0, 500)
     check(claimed == 500 and advisory_locks(admin, pid) == 500,
-          'a batch of 500 fresh keys holds 500 key locks until the transaction ends',
+          '500 idem_claim calls that claim hold 500 key locks until the transaction ends',
           (claimed, advisory_locks(admin, pid)))
     c.commit()
     check(advisory_locks(admin, pid) == 0, 'COMMIT gives the key locks back')
+
+    # idem_claim_many: its fresh keys' locks only during its INSERT
+    claimed = claim_batch(c, 'count', 1000, 1000)
+    check(claimed == 1000 and advisory_locks(admin, pid) == 0,
+          'an idem_claim_many of 1000 fresh keys holds no key lock once it returns',
+          (claimed, advisory_locks(admin, pid)))
+    c.commit()
     one(c, """SELECT count(idem_complete('done', key, token))
               FROM idem_claim_many('done', ARRAY(SELECT 'k' || g FROM generate_series(0, 249) g))""")
     c.commit()
     other = connect(args)
-    claim_range(other, 'done', 1000, 100)            # 100 keys held by another transaction
+    claim_range(other, 'done', 1000, 100)            # 100 keys held by another transaction's claims
+    claim_batch(other, 'done', 2000, 100)            # 100 keys inserted by another batch in flight
     rows = one(c, """SELECT count(*) FILTER (WHERE outcome = 'replay'),
                             count(*) FILTER (WHERE outcome = 'in_progress'),
                             count(*) FILTER (WHERE outcome = 'claimed')
                      FROM idem_claim_many('done', ARRAY(
                          SELECT 'k' || g FROM generate_series(0, 249) g
                          UNION ALL SELECT 'k' || g FROM generate_series(1000, 1099) g
+                         UNION ALL SELECT 'k' || g FROM generate_series(2000, 2099) g
                          UNION ALL SELECT 'k' || g FROM generate_series(5000, 5009) g))""")
-    check(rows == (250, 100, 10) and advisory_locks(admin, pid) == 10,
-          'replays (250) and in_progress keys (100) hold no lock; only the 10 fresh keys do',
-          (rows, advisory_locks(admin, pid)))
+    check(rows == (250, 200, 10) and advisory_locks(admin, pid) == 0,
+          'replays (250), keys of claims and of a batch in flight (in_progress, 200) and '
+          'fresh keys (10): no lock held after the batch', (rows, advisory_locks(admin, pid)))
     c.rollback()
     other.rollback()
     other.close()
+
+    # 20 consumers, each with a batch of 1000 fresh keys in an open transaction,
+    # then 20 more batches each, all at once in threads: far past the table's size
+    consumers = [connect(args) for _ in range(20)]
+    claimed = sum(claim_batch(cons, 'batch-%d' % i, 0, 1000) for i, cons in enumerate(consumers))
+    shared = one(admin, 'SELECT count(*) FROM pg_locks WHERE NOT fastpath')[0]
+    check(claimed == 20000 and shared < N,
+          '20 consumers hold a batch of 1000 fresh keys each (20,000 keys, N = %d): '
+          '%d locks in the shared table' % (N, shared), (claimed, shared, N))
+    errors = []
+
+    def consume(i):
+        try:
+            for b in range(1, 6):
+                if claim_batch(consumers[i], 'batch-%d' % i, b * 1000, 1000) != 1000:
+                    errors.append('consumer %d: a batch was not all claimed' % i)
+        except psycopg2.Error as e:
+            errors.append('consumer %d: %s %s' % (i, e.pgcode, e.pgerror.splitlines()[0]))
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(not errors, '20 consumers claiming 5 more batches of 1000 at the same time (120,000 '
+          'keys held uncommitted): no error', errors[:5])
+    for cons in consumers:
+        cons.rollback()
+        cons.close()
 
     # the guarantee: 4 consumers together hold N minus what others hold
     consumers = [connect(args) for _ in range(4)]
@@ -159,7 +213,8 @@ def main():
             cons.rollback()
     check(not problems and got == share * len(consumers),
           '4 consumers hold %d key locks at once (N %d - %d held by others - margin %d), '
-          'in batches of up to 1000' % (share * len(consumers), N, held_by_others, margin), problems)
+          'claiming up to 1000 keys per statement' % (share * len(consumers), N, held_by_others, margin),
+          problems)
 
     # past N: the table borrows spare shared memory, then the next lock fails
     filler = connect(args)
@@ -172,13 +227,15 @@ def main():
           % (total, total / N), (total, N))
 
     # exhaustion hurts everyone: another session, and new connections
+    # (ten keys: the filler's failed statement gave back what it had taken,
+    # which may leave room for a lock or two)
     try:
-        r = one(probe, "SELECT outcome FROM idem_claim('bystander', 'x')")
+        r = one(probe, "SELECT count(*) FROM generate_series(1, 10) g, idem_claim('bystander', 'y' || g)")
         probe_state = 'succeeded: %s' % (r,)
     except psycopg2.Error as e:
         probe_state = e.pgcode
-        probe.rollback()
-    check(probe_state == '53200', "another session's idem_claim fails with 53200 while the table is full",
+    probe.rollback()
+    check(probe_state == '53200', "another session claiming 10 keys fails with 53200 while the table is full",
           probe_state)
     try:
         connect(args).close()
