@@ -389,17 +389,24 @@ $update$;
 CREATE FUNCTION @extschema@.idem_distribute(shard_count integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $distribute$
 DECLARE
-    records CONSTANT pg_catalog.regclass := '@extschema@.idempotency_records';
-    -- business tables keyed by a plain text tenant must colocate, and Citus
-    -- colocates only equal collations; deterministic either way
-    to_default_collation CONSTANT text := pg_catalog.format(
-        'ALTER TABLE %s ALTER COLUMN tenant_id TYPE pg_catalog.text COLLATE pg_catalog."default"',
-        records);
+    records pg_catalog.regclass;
+    to_default_collation text;
     fn pg_catalog.regprocedure;
     failed record;
 BEGIN
+    SELECT pg_catalog.format('%I.idempotency_records', n.nspname)::pg_catalog.regclass
+      INTO records
+      FROM pg_catalog.pg_extension e
+      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+     WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency';
+    -- business tables keyed by a plain text tenant must colocate, and Citus
+    -- colocates only equal collations; deterministic either way
+    to_default_collation := pg_catalog.format(
+        'ALTER TABLE %s ALTER COLUMN tenant_id TYPE pg_catalog.text COLLATE pg_catalog."default"',
+        records);
     IF pg_catalog.to_regproc('pg_catalog.create_distributed_table') IS NULL THEN
         RAISE EXCEPTION 'idem_distribute() needs the citus extension in this database'
             USING ERRCODE = 'object_not_in_prerequisite_state',
@@ -481,14 +488,20 @@ CREATE FUNCTION @extschema@.idem_node_stats(
     OUT stats_reset        timestamptz)
 RETURNS SETOF record
 LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
 AS $node_stats$
 DECLARE
     node record;
-    stats_query CONSTANT text := pg_catalog.format(
-        'SELECT pg_catalog.row_to_json(s) FROM %s s'
-        ' WHERE s.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()',
-        '@extschema@.idem_stats_read()');
+    stats_query text;
 BEGIN
+    SELECT pg_catalog.format(
+               'SELECT pg_catalog.row_to_json(s) FROM %I.idem_stats_read() s'
+               ' WHERE s.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()',
+               n.nspname)
+      INTO stats_query
+      FROM pg_catalog.pg_extension e
+      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+     WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency';
     IF pg_catalog.to_regproc('pg_catalog.run_command_on_all_nodes') IS NULL THEN
         RAISE EXCEPTION 'idem_node_stats() needs the citus extension in this database'
             USING ERRCODE = 'object_not_in_prerequisite_state',
@@ -515,8 +528,13 @@ BEGIN
                failed_replays, takeovers, completes, releases, heartbeats,
                swept_stale, swept_expired, last_sweep_at, last_sweep_ms,
                last_sweep_removed, last_sweep_error, sweeps, stats_reset
-          FROM pg_catalog.json_populate_record(NULL::@extschema@.idem_stats,
-                                               NULLIF(node.result, '')::pg_catalog.json) s;
+          FROM pg_catalog.json_to_record(NULLIF(node.result, '')::pg_catalog.json)
+               AS s(claims bigint, claimed bigint, replays bigint, in_progress bigint,
+                    mismatches bigint, failed_replays bigint, takeovers bigint,
+                    completes bigint, releases bigint, heartbeats bigint,
+                    swept_stale bigint, swept_expired bigint, last_sweep_at timestamptz,
+                    last_sweep_ms double precision, last_sweep_removed bigint,
+                    last_sweep_error text, sweeps bigint, stats_reset timestamptz);
         RETURN NEXT;
     END LOOP;
 END
@@ -540,6 +558,7 @@ CREATE FUNCTION @extschema@.idem_cluster_stats(
     OUT sweeps         bigint,
     OUT last_sweep_at  timestamptz)
 LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
 BEGIN ATOMIC
     SELECT pg_catalog.count(*)::integer,
            COALESCE(pg_catalog.sum(s.claims), 0)::bigint,
