@@ -458,7 +458,7 @@ BEGIN
                ORDER BY p.oid
     LOOP
         PERFORM pg_catalog.create_distributed_function(fn, '$1',
-                                                       colocate_with => 'idempotency_records',
+                                                       colocate_with => records::text,
                                                        force_delegation => true);
     END LOOP;
 END
