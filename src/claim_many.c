@@ -247,6 +247,73 @@ insert_all_fresh(FreshInsert *f)
 }
 
 /*
+ * How long a batch's INSERT may wait for a lock before its keys are probed
+ * one by one instead (see insert_locked_keys).
+ */
+#define IDEM_CLAIM_MANY_INSERT_WAIT_MS	1
+
+static void
+insert_fresh_briefly(void *arg)
+{
+	idem_step_lock_timeout(IDEM_CLAIM_MANY_INSERT_WAIT_MS);
+	insert_fresh(arg);
+}
+
+/*
+ * The INSERT of f (plain or speculative), in a subtransaction that gives
+ * up, with nothing written, on a key that has a record (plain) or on a
+ * lock wait longer than IDEM_CLAIM_MANY_INSERT_WAIT_MS.  On a local table
+ * a lock wait means, nearly always, a row that another batch in flight
+ * inserted: the INSERT would wait for that transaction to end.
+ */
+static bool
+insert_without_waiting(FreshInsert *f, bool speculative)
+{
+	static const int gives_up[] = {ERRCODE_UNIQUE_VIOLATION,
+	ERRCODE_LOCK_NOT_AVAILABLE};
+
+	if (!speculative && optimistic_backoff > 0)
+	{
+		optimistic_backoff--;
+		return false;
+	}
+	f->speculative = speculative;
+	if (idem_try_in_subtransaction(insert_fresh_briefly, f, gives_up,
+								   lengthof(gives_up)))
+		return true;
+	if (!speculative)
+		optimistic_backoff = IDEM_OPTIMISTIC_BACKOFF;
+	return false;
+}
+
+/*
+ * Leave out the locked keys among elements [from, to) that another batch
+ * in flight has inserted (their rows have no lock holder): they are
+ * in_progress.  Returns how many stay locked.
+ */
+static int
+leave_out_keys_in_flight(Batch *batch, int from, int to)
+{
+	int			locked = 0;
+
+	for (int i = from; i < to; i++)
+	{
+		BatchKey   *bk = &batch->keys[i];
+
+		if (!bk->locked)
+			continue;
+		if (TransactionIdIsValid(idem_direct_inserter(&bk->k)))
+		{
+			idem_keylock_release(&bk->k);
+			bk->locked = false;
+		}
+		else
+			locked++;
+	}
+	return locked;
+}
+
+/*
  * On a table distributed by Citus, one single-row INSERT per key: Citus
  * miscounts the rows an INSERT ... SELECT returns through SPI, and a
  * single-row INSERT is routed to the tenant's shard like idem_claim's.
@@ -267,13 +334,10 @@ insert_each_fresh(FreshInsert *f)
 /*
  * Take the key lock of each free key among elements [from, to), without
  * waiting (a busy key is decided later: in_progress), and give it a token.
- * Where lets_locks_go, a key that another batch in flight inserted is left
- * alone too: its row, not a lock, keeps claimers out (in_progress as well).
  * Returns how many were locked.
  */
 static int
-lock_free_keys(Batch *batch, int from, int to, TimestampTz now,
-			   bool lets_locks_go)
+lock_free_keys(Batch *batch, int from, int to, TimestampTz now)
 {
 	int			locked = 0;
 
@@ -284,11 +348,6 @@ lock_free_keys(Batch *batch, int from, int to, TimestampTz now,
 		if (bk->first != i ||
 			idem_keylock_acquire(&bk->k, 0) == IDEM_KEYLOCK_BUSY)
 			continue;
-		if (lets_locks_go && TransactionIdIsValid(idem_direct_inserter(&bk->k)))
-		{
-			idem_keylock_release(&bk->k);
-			continue;
-		}
 		bk->locked = true;
 		bk->token = idem_fresh_token(now);
 		locked++;
@@ -296,13 +355,9 @@ lock_free_keys(Batch *batch, int from, int to, TimestampTz now,
 	return locked;
 }
 
-/*
- * Insert the n locked keys among elements [from, to) in one statement
- * (on a Citus table, one per key); marks those that went in.
- */
+/* Point f at the n locked keys among its elements of the batch. */
 static void
-insert_locked_keys(Batch *batch, int from, int to, int n, text *tenant_id,
-				   TimestampTz now, TimestampTz lease_end, int64 ttl_us)
+set_insert_arrays(FreshInsert *f, int n)
 {
 	text	  **keys = palloc(sizeof(text *) * n);
 	text	  **fps = palloc(sizeof(text *) * n);
@@ -311,11 +366,10 @@ insert_locked_keys(Batch *batch, int from, int to, int n, text *tenant_id,
 	int			dims[1] = {n};
 	int			lbs[1] = {1};
 	int			j = 0;
-	FreshInsert f;
 
-	for (int i = from; i < to; i++)
+	for (int i = f->from; i < f->to; i++)
 	{
-		BatchKey   *bk = &batch->keys[i];
+		BatchKey   *bk = &f->batch->keys[i];
 
 		if (!bk->locked)
 			continue;
@@ -326,25 +380,47 @@ insert_locked_keys(Batch *batch, int from, int to, int n, text *tenant_id,
 		j++;
 	}
 	Assert(j == n);
+	f->keys = text_array(keys, n);
+	f->tokens = PointerGetDatum(construct_array(tokens, n, INT8OID, 8,
+												FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+	f->fps = PointerGetDatum(construct_md_array((Datum *) fps, fp_isnull, 1, dims, lbs,
+												TEXTOID, -1, false, TYPALIGN_INT));
+}
 
-	f.tenant_id = tenant_id;
-	f.keys = text_array(keys, n);
-	f.tokens = PointerGetDatum(construct_array(tokens, n, INT8OID, 8,
-											   FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-	f.fps = PointerGetDatum(construct_md_array((Datum *) fps, fp_isnull, 1, dims, lbs,
-											   TEXTOID, -1, false, TYPALIGN_INT));
-	f.now = now;
-	f.lease_end = lease_end;
-	f.ttl_us = ttl_us;
-	f.batch = batch;
-	f.from = from;
-	f.to = to;
+/*
+ * Insert the n locked keys among elements [from, to) in one statement
+ * (on a Citus table, one per key); marks those that went in.
+ *
+ * With lets_locks_go, batches give their key locks back after their INSERT,
+ * so a key locked here may still have a row that another batch in flight
+ * inserted, and an INSERT meeting it would wait for that transaction.  The
+ * INSERTs are then tried without waiting (plain, then speculative), and
+ * only when one of them would wait are the keys probed one by one and the
+ * keys in flight left out: the probe costs about as much as the INSERT.
+ */
+static void
+insert_locked_keys(FreshInsert *f, int n, bool lets_locks_go)
+{
+	set_insert_arrays(f, n);
 	if (idem_store_distributed())
-		insert_each_fresh(&f);
-	else if (!insert_all_fresh(&f))
+		insert_each_fresh(f);
+	else if (!lets_locks_go)
 	{
-		f.speculative = true;
-		insert_fresh(&f);
+		if (!insert_all_fresh(f))
+		{
+			f->speculative = true;
+			insert_fresh(f);
+		}
+	}
+	else if (!insert_without_waiting(f, false) &&
+			 !insert_without_waiting(f, true))
+	{
+		n = leave_out_keys_in_flight(f->batch, f->from, f->to);
+		if (n == 0)
+			return;
+		set_insert_arrays(f, n);
+		f->speculative = true;
+		insert_fresh(f);
 	}
 }
 
@@ -448,14 +524,15 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	chunk = lets_locks_go ? IDEM_CLAIM_MANY_LOCKED_AT_ONCE : Max(nkeys, 1);
 	for (int from = 0; from < nkeys; from += chunk)
 	{
-		int			to = Min(from + chunk, nkeys);
-		int			locked = lock_free_keys(&batch, from, to, now, lets_locks_go);
+		FreshInsert f = {.tenant_id = tenant_id, .now = now,
+			.lease_end = lease_end, .ttl_us = args.ttl_us, .batch = &batch,
+		.from = from, .to = Min(from + chunk, nkeys)};
+		int			locked = lock_free_keys(&batch, f.from, f.to, now);
 
 		if (locked > 0)
-			insert_locked_keys(&batch, from, to, locked, tenant_id, now,
-							   lease_end, args.ttl_us);
+			insert_locked_keys(&f, locked, lets_locks_go);
 		if (lets_locks_go)
-			let_inserted_keys_go(&batch, from, to);
+			let_inserted_keys_go(&batch, f.from, f.to);
 	}
 
 	/*

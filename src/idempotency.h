@@ -247,6 +247,7 @@ extern void idem_sweep_unlock(bool session_lock);
 
 extern bool idem_try_in_subtransaction(void (*step) (void *arg), void *arg,
 									   const int *codes, int ncodes);
+extern void idem_step_lock_timeout(int timeout_ms);
 
 /* ---------- per-key advisory lock (keylock.c) ---------- */
 

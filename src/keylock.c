@@ -46,15 +46,11 @@ keylock_tag(const IdemKey *k, LOCKTAG *tag)
 						 IDEM_KEYLOCK_CLASS);
 }
 
-/* The lock_timeout for a wait: the wait, or the session's lock_timeout if shorter. */
+/* The lock_timeout for a wait of wait_us, in whole milliseconds. */
 static int
 wait_timeout_ms(int64 wait_us)
 {
-	int64		ms = (wait_us + 999) / 1000;
-
-	if (LockTimeout > 0 && LockTimeout < ms)
-		ms = LockTimeout;
-	return (int) Min(ms, (int64) INT_MAX);
+	return (int) Min((wait_us + 999) / 1000, (int64) INT_MAX);
 }
 
 /*
@@ -76,15 +72,9 @@ static void
 keylock_wait_step(void *arg)
 {
 	KeylockWait *w = arg;
-	int			nestlevel = NewGUCNestLevel();
-	char		value[32];
 
-	snprintf(value, sizeof(value), "%d", w->timeout_ms);
-	(void) set_config_option("lock_timeout", value,
-							 PGC_USERSET, PGC_S_SESSION,
-							 GUC_ACTION_SAVE, true, 0, false);
+	idem_step_lock_timeout(w->timeout_ms);
 	(void) LockAcquire(w->tag, w->mode, false, false);
-	AtEOXact_GUC(true, nestlevel);
 }
 
 /*

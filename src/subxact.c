@@ -4,13 +4,15 @@
  *		expects from it as "it did not happen".
  *
  * Two places need this: a claim's bounded wait for a key lock (keylock.c:
- * lock_timeout or a deadlock ends the wait) and a batch's first, plain
- * INSERT (claim_many.c: a key that has a record after all).  Any other
- * error is raised again, unchanged.
+ * lock_timeout or a deadlock ends the wait) and a batch's INSERTs
+ * (claim_many.c: a key that has a record after all, or a lock wait that
+ * would be too long).  Any other error is raised again, unchanged.
  */
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "storage/proc.h"
+#include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 
@@ -61,4 +63,22 @@ idem_try_in_subtransaction(void (*step) (void *arg), void *arg,
 	PG_END_TRY();
 
 	return finished;
+}
+
+/*
+ * Within a step: set lock_timeout to timeout_ms (the session's own, if
+ * that is shorter) for the rest of the step.  The subtransaction's end
+ * puts the session's value back, whether the step finished or failed.
+ */
+void
+idem_step_lock_timeout(int timeout_ms)
+{
+	char		value[32];
+
+	if (LockTimeout > 0 && LockTimeout < timeout_ms)
+		timeout_ms = LockTimeout;
+	snprintf(value, sizeof(value), "%d", timeout_ms);
+	(void) NewGUCNestLevel();
+	(void) set_config_option("lock_timeout", value, PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
 }
