@@ -25,6 +25,13 @@ PG_FUNCTION_INFO_V1(idem_claim_many);
 #define IDEM_CLAIM_MANY_MAX		1000
 
 /*
+ * How long a batch's INSERT may wait for a lock, where batches give their
+ * key locks back, before its keys are probed one by one instead (see
+ * insert_locked_keys).
+ */
+#define IDEM_CLAIM_MANY_INSERT_WAIT_MS	1
+
+/*
  * A batch takes the key locks of its fresh keys this many at a time, each
  * group for the span of its INSERT only (see let_inserted_keys_go), so that
  * consumers' batches hardly take room in the shared lock table.
@@ -204,6 +211,7 @@ typedef struct FreshInsert
 	TimestampTz lease_end;
 	int64		ttl_us;
 	bool		speculative;	/* ON CONFLICT DO NOTHING, or a plain INSERT */
+	bool		brief;			/* in a subtransaction: give up on a lock wait */
 	Batch	   *batch;
 	int			from;			/* the elements of batch it covers */
 	int			to;
@@ -214,60 +222,29 @@ insert_fresh(void *arg)
 {
 	FreshInsert *f = arg;
 
+	if (f->brief)
+		idem_step_lock_timeout(IDEM_CLAIM_MANY_INSERT_WAIT_MS);
 	idem_store_insert_many(f->tenant_id, f->keys, f->tokens, f->fps, f->now,
 						   f->lease_end, f->ttl_us, f->speculative,
 						   record_inserted, f->batch);
 }
 
 /*
+ * Try the INSERT of f in a subtransaction, which gives up with nothing
+ * written on a key that has a record (a plain INSERT) and, with f->brief, on
+ * a lock wait longer than IDEM_CLAIM_MANY_INSERT_WAIT_MS: on a local table,
+ * nearly always a row that another batch in flight inserted, whose
+ * transaction the INSERT would wait for.
+ *
  * A consumer's batch is mostly new messages, and every key it is about to
  * insert is locked by this transaction.  So first try one plain INSERT of
- * them all, in a subtransaction: it skips the speculative insertion's index
- * probe and extra WAL record per row (about a third of the batch's cost).
- * If a key has a record after all, the subtransaction rolls back (the rows
- * it wrote are dead), returns false, and the caller takes the speculative
- * path, as do the next IDEM_OPTIMISTIC_BACKOFF batches of this backend.
+ * them all: it skips the speculative insertion's index probe and extra WAL
+ * record per row (about a third of the batch's cost).  If a key has a
+ * record after all, the caller takes the speculative path, as do the next
+ * IDEM_OPTIMISTIC_BACKOFF INSERTs of this backend.
  */
 static bool
-insert_all_fresh(FreshInsert *f)
-{
-	static const int key_exists[] = {ERRCODE_UNIQUE_VIOLATION};
-
-	if (optimistic_backoff > 0)
-	{
-		optimistic_backoff--;
-		return false;
-	}
-	f->speculative = false;
-	if (idem_try_in_subtransaction(insert_fresh, f, key_exists,
-								   lengthof(key_exists)))
-		return true;
-	optimistic_backoff = IDEM_OPTIMISTIC_BACKOFF;
-	return false;
-}
-
-/*
- * How long a batch's INSERT may wait for a lock before its keys are probed
- * one by one instead (see insert_locked_keys).
- */
-#define IDEM_CLAIM_MANY_INSERT_WAIT_MS	1
-
-static void
-insert_fresh_briefly(void *arg)
-{
-	idem_step_lock_timeout(IDEM_CLAIM_MANY_INSERT_WAIT_MS);
-	insert_fresh(arg);
-}
-
-/*
- * The INSERT of f (plain or speculative), in a subtransaction that gives
- * up, with nothing written, on a key that has a record (plain) or on a
- * lock wait longer than IDEM_CLAIM_MANY_INSERT_WAIT_MS.  On a local table
- * a lock wait means, nearly always, a row that another batch in flight
- * inserted: the INSERT would wait for that transaction to end.
- */
-static bool
-insert_without_waiting(FreshInsert *f, bool speculative)
+try_insert(FreshInsert *f, bool speculative)
 {
 	static const int gives_up[] = {ERRCODE_UNIQUE_VIOLATION,
 	ERRCODE_LOCK_NOT_AVAILABLE};
@@ -278,8 +255,7 @@ insert_without_waiting(FreshInsert *f, bool speculative)
 		return false;
 	}
 	f->speculative = speculative;
-	if (idem_try_in_subtransaction(insert_fresh_briefly, f, gives_up,
-								   lengthof(gives_up)))
+	if (idem_try_in_subtransaction(insert_fresh, f, gives_up, f->brief ? 2 : 1))
 		return true;
 	if (!speculative)
 		optimistic_backoff = IDEM_OPTIMISTIC_BACKOFF;
@@ -402,23 +378,23 @@ static void
 insert_locked_keys(FreshInsert *f, int n, bool lets_locks_go)
 {
 	set_insert_arrays(f, n);
+	f->brief = lets_locks_go;
 	if (idem_store_distributed())
 		insert_each_fresh(f);
-	else if (!lets_locks_go)
+	else if (try_insert(f, false))
+		return;
+	else if (lets_locks_go && try_insert(f, true))
+		return;
+	else
 	{
-		if (!insert_all_fresh(f))
+		if (lets_locks_go)
 		{
-			f->speculative = true;
-			insert_fresh(f);
+			n = leave_out_keys_in_flight(f->batch, f->from, f->to);
+			if (n == 0)
+				return;
+			set_insert_arrays(f, n);
 		}
-	}
-	else if (!insert_without_waiting(f, false) &&
-			 !insert_without_waiting(f, true))
-	{
-		n = leave_out_keys_in_flight(f->batch, f->from, f->to);
-		if (n == 0)
-			return;
-		set_insert_arrays(f, n);
+		f->brief = false;
 		f->speculative = true;
 		insert_fresh(f);
 	}
