@@ -33,7 +33,7 @@ PG_FUNCTION_INFO_V1(idem_claim_many);
 
 /*
  * A batch takes the key locks of its fresh keys this many at a time, each
- * group for the span of its INSERT only (see let_inserted_keys_go), so that
+ * group for the span of its INSERT only (see let_keys_go), so that
  * consumers' batches hardly take room in the shared lock table.
  */
 #define IDEM_CLAIM_MANY_LOCKED_AT_ONCE	100
@@ -103,6 +103,7 @@ typedef struct BatchKey
 	bool		found;			/* its record was read */
 	IdemRecord	rec;
 	bool		locked;			/* we hold its key lock */
+	bool		lock_given_back;	/* locked for the INSERT, which it missed */
 	bool		inserted;		/* claimed by the bulk insert */
 	bool		decided;		/* outcome known from its record */
 	int64		token;			/* fresh token, when it goes to the bulk insert */
@@ -401,23 +402,25 @@ insert_locked_keys(FreshInsert *f, int n, bool lets_locks_go)
 }
 
 /*
- * Give back the key locks of the keys inserted among elements [from, to):
- * their rows keep other claimers out from now on (idem_direct_inserter),
- * so a batch holds at most IDEM_CLAIM_MANY_LOCKED_AT_ONCE key locks, and
- * only during its INSERT.
+ * Give back the key locks taken for the INSERT among elements [from, to),
+ * so that a batch holds at most IDEM_CLAIM_MANY_LOCKED_AT_ONCE key locks,
+ * and only during its INSERT.  The rows inserted keep other claimers out
+ * from now on (idem_direct_inserter).  A key the INSERT missed has a
+ * record: it is read and decided later, or, when that record has expired,
+ * claimed as idem_claim would, which takes the lock again.
  */
 static void
-let_inserted_keys_go(Batch *batch, int from, int to)
+let_keys_go(Batch *batch, int from, int to)
 {
 	for (int i = from; i < to; i++)
 	{
 		BatchKey   *bk = &batch->keys[i];
 
-		if (bk->locked && bk->inserted)
-		{
-			idem_keylock_release(&bk->k);
-			bk->locked = false;
-		}
+		if (!bk->locked)
+			continue;
+		idem_keylock_release(&bk->k);
+		bk->locked = false;
+		bk->lock_given_back = !bk->inserted;
 	}
 }
 
@@ -508,7 +511,7 @@ idem_claim_many(PG_FUNCTION_ARGS)
 		if (locked > 0)
 			insert_locked_keys(&f, locked, lets_locks_go);
 		if (lets_locks_go)
-			let_inserted_keys_go(&batch, f.from, f.to);
+			let_keys_go(&batch, f.from, f.to);
 	}
 
 	/*
@@ -525,7 +528,7 @@ idem_claim_many(PG_FUNCTION_ARGS)
 		bk->found = idem_store_read(&bk->k, &bk->rec, true);
 		if (idem_claim_decide(bk->found ? &bk->rec : NULL, &args, now, &bk->res))
 			bk->decided = true;
-		else if (!bk->locked)
+		else if (!bk->locked && !bk->lock_given_back)
 		{
 			/* no usable record, and another transaction is on the key */
 			bk->res.outcome = IDEM_OUTCOME_IN_PROGRESS;

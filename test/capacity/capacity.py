@@ -18,7 +18,9 @@ Checks (each line of output is one):
     keys of claims or of another batch in flight, fresh keys);
   - 20 consumers each with a batch of 1000 fresh keys in an open
     transaction, then 5 more batches each at the same time (far more keys
-    than N): no error, the shared table far from full;
+    than N): no error, the shared table far from full; then the committed
+    batches claimed again by all 20 at once (every key in_progress): no
+    error;
   - 4 consumers holding, together, N minus the locks already held by others
     (measured in pg_locks) minus a margin of 16, claiming with idem_claim up
     to 1000 keys per statement, all succeed: the documented guarantee;
@@ -192,6 +194,30 @@ def main():
         t.join()
     check(not errors, '20 consumers claiming 5 more batches of 1000 at the same time (120,000 '
           'keys held uncommitted): no error', errors[:5])
+    # replays cost no lock either: commit the first batches, then all 20
+    # consumers claim them again at the same time
+    for cons in consumers:
+        cons.commit()
+    errors = []
+
+    def replay(i):
+        try:
+            rows = one(consumers[i], """SELECT count(*) FILTER (WHERE outcome = 'in_progress')
+                                        FROM idem_claim_many(%s, ARRAY(SELECT 'k' || g
+                                                                       FROM generate_series(0, 999) g))""",
+                       ('batch-%d' % i,))
+            consumers[i].commit()
+            if rows != (1000,):
+                errors.append('consumer %d: %r' % (i, rows))
+        except psycopg2.Error as e:
+            errors.append('consumer %d: %s %s' % (i, e.pgcode, e.pgerror.splitlines()[0]))
+    threads = [threading.Thread(target=replay, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(not errors, '20 consumers claiming their committed batches of 1000 again at the same '
+          'time (live claims: in_progress): no error', errors[:5])
     for cons in consumers:
         cons.rollback()
         cons.close()
