@@ -91,6 +91,26 @@ def claim_batch(c, tenant, start, count):
                (tenant, start, start + count - 1))[0]
 
 
+def all_at_once(conns, work):
+    """Run work(conn, i) for every connection in a thread of its own, all at
+    once; returns the problems (work's messages and errors)."""
+    errors = []
+
+    def run(i):
+        try:
+            problem = work(conns[i], i)
+            if problem:
+                errors.append('consumer %d: %s' % (i, problem))
+        except psycopg2.Error as e:
+            errors.append('consumer %d: %s %s' % (i, e.pgcode, e.pgerror.splitlines()[0]))
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(conns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
 def fill_until_full(c, tenant, start):
     """Claim more keys under savepoints until a claim fails with 53200; the
     batch that failed is rolled back to its savepoint, then single keys fill
@@ -178,44 +198,29 @@ def main():
     check(claimed == 20000 and shared < N,
           '20 consumers hold a batch of 1000 fresh keys each (20,000 keys, N = %d): '
           '%d locks in the shared table' % (N, shared), (claimed, shared, N))
-    errors = []
 
-    def consume(i):
-        try:
-            for b in range(1, 6):
-                if claim_batch(consumers[i], 'batch-%d' % i, b * 1000, 1000) != 1000:
-                    errors.append('consumer %d: a batch was not all claimed' % i)
-        except psycopg2.Error as e:
-            errors.append('consumer %d: %s %s' % (i, e.pgcode, e.pgerror.splitlines()[0]))
-    threads = [threading.Thread(target=consume, args=(i,)) for i in range(20)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    def consume(cons, i):
+        for b in range(1, 6):
+            if claim_batch(cons, 'batch-%d' % i, b * 1000, 1000) != 1000:
+                return 'a batch was not all claimed'
+        return None
+    errors = all_at_once(consumers, consume)
     check(not errors, '20 consumers claiming 5 more batches of 1000 at the same time (120,000 '
           'keys held uncommitted): no error', errors[:5])
-    # replays cost no lock either: commit the first batches, then all 20
-    # consumers claim them again at the same time
+
+    # live claims met again cost no lock either: commit the first batches,
+    # then all 20 consumers claim them again at the same time
     for cons in consumers:
         cons.commit()
-    errors = []
 
-    def replay(i):
-        try:
-            rows = one(consumers[i], """SELECT count(*) FILTER (WHERE outcome = 'in_progress')
-                                        FROM idem_claim_many(%s, ARRAY(SELECT 'k' || g
-                                                                       FROM generate_series(0, 999) g))""",
-                       ('batch-%d' % i,))
-            consumers[i].commit()
-            if rows != (1000,):
-                errors.append('consumer %d: %r' % (i, rows))
-        except psycopg2.Error as e:
-            errors.append('consumer %d: %s %s' % (i, e.pgcode, e.pgerror.splitlines()[0]))
-    threads = [threading.Thread(target=replay, args=(i,)) for i in range(20)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    def claim_again(cons, i):
+        rows = one(cons, """SELECT count(*) FILTER (WHERE outcome = 'in_progress')
+                            FROM idem_claim_many(%s, ARRAY(SELECT 'k' || g
+                                                           FROM generate_series(0, 999) g))""",
+                   ('batch-%d' % i,))
+        cons.commit()
+        return None if rows == (1000,) else 'got %r' % (rows,)
+    errors = all_at_once(consumers, claim_again)
     check(not errors, '20 consumers claiming their committed batches of 1000 again at the same '
           'time (live claims: in_progress): no error', errors[:5])
     for cons in consumers:
