@@ -671,12 +671,13 @@ idem_sweeper_worker_main(Datum main_arg)
 	pgstat_report_appname(IDEM_WORKER_TYPE);
 
 	/*
-	 * A batch lost in a crash is swept again by the next pass, so its commit
-	 * need not wait for the WAL flush, and claims committing meanwhile do
-	 * not queue behind it.
+	 * Batch commits wait for their WAL flush (the session's
+	 * synchronous_commit), which paces the sweep to what the disk takes.
+	 * Committing them asynchronously swept faster but flooded the WAL that
+	 * claims committing meanwhile must flush: in the benchmark, claim p99
+	 * during a 1,000,000-row sweep was 8.6-64.6 ms asynchronous against
+	 * 4.9-5.5 ms synchronous (2-3 ms idle).
 	 */
-	SetConfigOption("synchronous_commit", "off", PGC_SUSET, PGC_S_OVERRIDE);
-
 	sweep_this_database();
 	proc_exit(0);
 }
