@@ -1,20 +1,20 @@
 #!/usr/bin/python3
-"""Write the headline table of docs/benchmarks.md from a full run's results.
+"""Write the benchmark tables of README.md and docs/benchmarks.md from a
+full run's results.
 
-    docs_table.py RESULTS_DIR DOC
+    docs_table.py RESULTS_DIR FILE...
 
-Replaces what stands between the lines <!-- bench:headline --> and
-<!-- /bench:headline --> in DOC with the run's machine line and the
-synchronous_commit = on figures of the headline scenarios, read from
+In each FILE, replaces what stands between <!-- bench:headline --> and
+<!-- /bench:headline --> (the full headline table, docs/benchmarks.md) and
+between <!-- bench:summary --> and <!-- /bench:summary --> (a few rows,
+README.md) with the run's figures at synchronous_commit = on, read from
 RESULTS_DIR/latest.csv and latest.md.  test/bench/run calls it after a full
-run on the host's PostgreSQL, so the table always shows the latest run."""
+run on the host's PostgreSQL, so both tables always show the latest run."""
 
 import csv
 import os
 import sys
 
-BEGIN = "<!-- bench:headline -->"
-END = "<!-- /bench:headline -->"
 
 # (scenario id, how the table names it)
 ROWS = [
@@ -33,42 +33,83 @@ def number(value, digits=0):
     return "–" if value in ("", None) else f"{float(value):,.{digits}f}"
 
 
-def table(results):
+# README.md's few rows
+SUMMARY_ROWS = ["1", "2", "1b", "2f", "6"]
+
+
+def read_run(results):
+    """The synchronous_commit = on rows by scenario id, and the run's title
+    (its date) and machine line."""
     with open(os.path.join(results, "latest.csv"), newline="") as f:
         on = {r["id"]: r for r in csv.DictReader(f) if r["table"] == "on"}
     with open(os.path.join(results, "latest.md")) as f:
         header = f.read().split("\n")
     title = header[0].replace("# idempotency benchmark — ", "")
     machine = next((line for line in header if line.startswith("Machine:")), "")
-    lines = [f"Latest run ({title}, `test/bench/run`): {machine.replace('Machine: ', '')} "
-             "synchronous_commit = on; medians of the rounds, full tables in "
-             "[`latest.md`](../test/bench/results/latest.md).",
-             "",
-             "| scenario | round trips | ops/s | p99 ms | WAL B/op | CPU µs/op |",
+    return on, title, machine.replace("Machine: ", "")
+
+
+def rows_of(on, ids):
+    lines = ["| scenario | round trips | ops/s | p99 ms | WAL B/op | CPU µs/op |",
              "|---|---|---:|---:|---:|---:|"]
-    for sid, name in ROWS:
+    names = dict(ROWS)
+    for sid in ids:
         r = on.get(sid)
-        if r is None:
-            continue
-        lines.append(f"| {name} | {r['round_trips']} | {number(r['rate'])} "
-                     f"| {number(r['p99_ms'], 1)} | {number(r['wal_b_op'])} "
-                     f"| {number(r['cpu_us_op'])} |")
+        if r is not None:
+            lines.append(f"| {names[sid]} | {r['round_trips']} | {number(r['rate'])} "
+                         f"| {number(r['p99_ms'], 1)} | {number(r['wal_b_op'])} "
+                         f"| {number(r['cpu_us_op'])} |")
     return lines
 
 
-def main(results, doc):
-    with open(doc) as f:
+def headline(run):
+    on, title, machine = run
+    return [f"Latest run ({title}, `test/bench/run`): {machine} synchronous_commit = on; "
+            "medians of the rounds, full tables in "
+            "[`latest.md`](../test/bench/results/latest.md).", ""] + \
+        rows_of(on, [sid for sid, _ in ROWS])
+
+
+def summary(run):
+    on, title, machine = run
+    return rows_of(on, SUMMARY_ROWS) + \
+        ["", f"`test/bench/run`, {title}: {machine} 16 clients, synchronous_commit = on. "
+         "Every scenario, the per-operation costs and the method: "
+         "[docs/benchmarks.md](docs/benchmarks.md)."]
+
+
+BLOCKS = {"headline": headline, "summary": summary}
+
+
+def rewrite(path, run):
+    with open(path) as f:
         text = f.read()
-    if BEGIN not in text or END not in text:
-        print(f"docs_table: {doc} has no {BEGIN} ... {END} block", file=sys.stderr)
-        return 1
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    with open(doc, "w") as f:
-        f.write(head + BEGIN + "\n" + "\n".join(table(results)) + "\n" + END + tail)
-    print(f"docs_table: the headline table of {doc} now shows this run")
-    return 0
+    written = []
+    for name, make in BLOCKS.items():
+        begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+        if begin in text and end in text:
+            head, rest = text.split(begin, 1)
+            _, tail = rest.split(end, 1)
+            text = head + begin + "\n" + "\n".join(make(run)) + "\n" + end + tail
+            written.append(name)
+    with open(path, "w") as f:
+        f.write(text)
+    return written
+
+
+def main(results, paths):
+    run = read_run(results)
+    status = 0
+    for path in paths:
+        written = rewrite(path, run)
+        if written:
+            print(f"docs_table: {path}: the {' and '.join(written)} table now shows this run")
+        else:
+            print(f"docs_table: {path} has no bench:headline or bench:summary block",
+                  file=sys.stderr)
+            status = 1
+    return status
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(sys.argv[1], sys.argv[2:]))

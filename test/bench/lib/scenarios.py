@@ -64,12 +64,13 @@ SCENARIOS = [
              ref="7b", round_trips="1", duration="read"),
     Scenario("7d", "replay through the PL/pgSQL implementation", "pgbench",
              "7d-replay-plpgsql.pgbench", ref="7b", round_trips="1", duration="read"),
-    Scenario("11a", "idem_claim_many of 500 keys in one transaction", "pgbench",
+    # issue 15's concurrent measure: 16 clients
+    Scenario("11a", "idem_claim_many of 500 keys in one transaction, 16 clients", "pgbench",
              "11-claim-many.pgbench", ref="11b", round_trips="3", unit="keys/s", per_op=500,
-             clients=4, duration="read"),
-    Scenario("11b", "500 idem_claim calls in one transaction", "pgbench",
+             clients=16, duration="read"),
+    Scenario("11b", "500 idem_claim calls in one transaction, 16 clients", "pgbench",
              "11-claim-single.pgbench", ref="11b", round_trips="502", unit="keys/s", per_op=500,
-             clients=4, duration="read"),
+             clients=16, duration="read"),
     # the issue's measure: one client, one batch against 500 calls (latency)
     Scenario("11c", "idem_claim_many of 500 keys in one transaction, one client", "pgbench",
              "11-claim-many.pgbench", ref="11d", round_trips="3", unit="keys/s", per_op=500,

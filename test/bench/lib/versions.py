@@ -25,7 +25,7 @@ KEY_RATIOS = [
     ("2", "1b", "in-transaction / lean SQL (2 / 1b)", None),
     ("7a", "7b", "replay / PK SELECT (7a / 7b)", 0.9),
     ("11c", "11d", "claim_many(500) / 500 claims, 1 client (11c / 11d)", 20.0),
-    ("11a", "11b", "the same, 4 clients (11a / 11b)", None),
+    ("11a", "11b", "the same, 16 clients (11a / 11b)", None),
 ]
 
 
