@@ -25,13 +25,6 @@ PG_FUNCTION_INFO_V1(idem_claim_many);
 #define IDEM_CLAIM_MANY_MAX		1000
 
 /*
- * How long a batch's INSERT may wait for a lock, where batches give their
- * key locks back, before its keys are probed one by one instead (see
- * insert_locked_keys).
- */
-#define IDEM_CLAIM_MANY_INSERT_WAIT_MS	1
-
-/*
  * A batch takes the key locks of its fresh keys this many at a time, each
  * group for the span of its INSERT only (see let_keys_go), so that
  * consumers' batches hardly take room in the shared lock table.
@@ -212,7 +205,6 @@ typedef struct FreshInsert
 	TimestampTz lease_end;
 	int64		ttl_us;
 	bool		speculative;	/* ON CONFLICT DO NOTHING, or a plain INSERT */
-	bool		brief;			/* in a subtransaction: give up on a lock wait */
 	Batch	   *batch;
 	int			from;			/* the elements of batch it covers */
 	int			to;
@@ -223,43 +215,35 @@ insert_fresh(void *arg)
 {
 	FreshInsert *f = arg;
 
-	if (f->brief)
-		idem_step_lock_timeout(IDEM_CLAIM_MANY_INSERT_WAIT_MS);
 	idem_store_insert_many(f->tenant_id, f->keys, f->tokens, f->fps, f->now,
 						   f->lease_end, f->ttl_us, f->speculative,
 						   record_inserted, f->batch);
 }
 
 /*
- * Try the INSERT of f in a subtransaction, which gives up with nothing
- * written on a key that has a record (a plain INSERT) and, with f->brief, on
- * a lock wait longer than IDEM_CLAIM_MANY_INSERT_WAIT_MS: on a local table,
- * nearly always a row that another batch in flight inserted, whose
- * transaction the INSERT would wait for.
- *
  * A consumer's batch is mostly new messages, and every key it is about to
  * insert is locked by this transaction.  So first try one plain INSERT of
- * them all: it skips the speculative insertion's index probe and extra WAL
- * record per row (about a third of the batch's cost).  If a key has a
- * record after all, the caller takes the speculative path, as do the next
- * IDEM_OPTIMISTIC_BACKOFF INSERTs of this backend.
+ * them all, in a subtransaction: it skips the speculative insertion's index
+ * probe and extra WAL record per row (about a third of the batch's cost).
+ * If a key has a record after all, the subtransaction rolls back (the rows
+ * it wrote are dead), returns false, and the caller takes the speculative
+ * path, as do the next IDEM_OPTIMISTIC_BACKOFF INSERTs of this backend.
  */
 static bool
-try_insert(FreshInsert *f, bool speculative)
+insert_all_fresh(FreshInsert *f)
 {
-	static const int gives_up[] = {ERRCODE_UNIQUE_VIOLATION,
-	ERRCODE_LOCK_NOT_AVAILABLE};
+	static const int key_exists[] = {ERRCODE_UNIQUE_VIOLATION};
 
-	if (!speculative && optimistic_backoff > 0)
+	if (optimistic_backoff > 0)
 	{
 		optimistic_backoff--;
 		return false;
 	}
-	f->speculative = speculative;
-	if (idem_try_in_subtransaction(insert_fresh, f, gives_up, f->brief ? 2 : 1))
+	f->speculative = false;
+	if (idem_try_in_subtransaction(insert_fresh, f, key_exists,
+								   lengthof(key_exists)))
 		return true;
-	if (!speculative)
-		optimistic_backoff = IDEM_OPTIMISTIC_BACKOFF;
+	optimistic_backoff = IDEM_OPTIMISTIC_BACKOFF;
 	return false;
 }
 
@@ -370,32 +354,27 @@ set_insert_arrays(FreshInsert *f, int n)
  *
  * With lets_locks_go, batches give their key locks back after their INSERT,
  * so a key locked here may still have a row that another batch in flight
- * inserted, and an INSERT meeting it would wait for that transaction.  The
- * INSERTs are then tried without waiting (plain, then speculative), and
- * only when one of them would wait are the keys probed one by one and the
- * keys in flight left out: the probe costs about as much as the INSERT.
+ * inserted, and an INSERT meeting it would wait for that transaction: those
+ * keys are left out first (in_progress), each found by a probe of the key
+ * index.  (Trying the INSERT under a short lock_timeout instead, and
+ * probing only when it gave up, saved the probes, but PostgreSQL can then
+ * turn the timeout's signal into a "canceling statement due to user
+ * request" error in a later lock wait of the same statement.)
  */
 static void
 insert_locked_keys(FreshInsert *f, int n, bool lets_locks_go)
 {
+	if (lets_locks_go)
+	{
+		n = leave_out_keys_in_flight(f->batch, f->from, f->to);
+		if (n == 0)
+			return;
+	}
 	set_insert_arrays(f, n);
-	f->brief = lets_locks_go;
 	if (idem_store_distributed())
 		insert_each_fresh(f);
-	else if (try_insert(f, false))
-		return;
-	else if (lets_locks_go && try_insert(f, true))
-		return;
-	else
+	else if (!insert_all_fresh(f))
 	{
-		if (lets_locks_go)
-		{
-			n = leave_out_keys_in_flight(f->batch, f->from, f->to);
-			if (n == 0)
-				return;
-			set_insert_arrays(f, n);
-		}
-		f->brief = false;
 		f->speculative = true;
 		insert_fresh(f);
 	}

@@ -4,9 +4,9 @@
  *		expects from it as "it did not happen".
  *
  * Two places need this: a claim's bounded wait for a key lock (keylock.c:
- * lock_timeout or a deadlock ends the wait) and a batch's INSERTs
- * (claim_many.c: a key that has a record after all, or a lock wait that
- * would be too long).  Any other error is raised again, unchanged.
+ * lock_timeout or a deadlock ends the wait) and a batch's first, plain
+ * INSERT (claim_many.c: a key that has a record after all).  Any other
+ * error is raised again, unchanged.
  */
 #include "postgres.h"
 
