@@ -18,14 +18,12 @@
 #include "access/table.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_namespace.h"
-#include "catalog/pg_proc.h"
 #include "executor/spi.h"
 #include "nodes/makefuncs.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
 #include "utils/regproc.h"
-#include "utils/syscache.h"
 #include "utils/rel.h"
 
 #include "compat.h"
@@ -116,17 +114,8 @@ idem_citus_local_shards(Oid table)
 static bool
 distributed_function_of_ours(Oid fn_oid)
 {
-	HeapTuple	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn_oid));
-	bool		ours = false;
-	bool		isnull;
-	Datum		bin;
-
-	if (!HeapTupleIsValid(tup))
-		return false;
-	bin = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_probin, &isnull);
-	ours = !isnull && strcmp(TextDatumGetCString(bin), "$libdir/idempotency") == 0;
-	ReleaseSysCache(tup);
-	return ours && citus_catalog_lists("pg_dist_object", DIST_OBJECT_OBJID, fn_oid);
+	return idem_own_function_symbol(fn_oid) != NULL &&
+		citus_catalog_lists("pg_dist_object", DIST_OBJECT_OBJID, fn_oid);
 }
 
 /*

@@ -305,6 +305,7 @@ extern void idem_pending_write_all(Snapshot snapshot, bool advance_active);
 extern void idem_readers_init(void);
 extern bool idem_readers_allow_holding(void);
 extern bool idem_readers_outside_statement(void);
+extern char *idem_own_function_symbol(Oid fn_oid);
 extern int	idem_readers_depth(void);
 
 /* ---------- claiming (claim.c) ---------- */

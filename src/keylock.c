@@ -171,7 +171,9 @@ idem_keylock_hold(const IdemKey *k)
 	{
 		TransactionId inserter;
 
-		(void) LockAcquire(&tag, ExclusiveLock, false, false);
+		/* held already: this transaction claimed the key, no one else can insert it */
+		if (LockAcquire(&tag, ExclusiveLock, false, false) == LOCKACQUIRE_ALREADY_HELD)
+			return;
 		inserter = idem_direct_inserter(k);
 		if (!TransactionIdIsValid(inserter))
 			return;

@@ -151,35 +151,43 @@ verdict_callback(Datum arg, int cacheid, uint32 hashvalue)
 	verdicts_used = 0;
 }
 
+/*
+ * The C symbol of fn_oid when it is one of this extension's functions
+ * (C language, $libdir/idempotency), or NULL.
+ */
+char *
+idem_own_function_symbol(Oid fn_oid)
+{
+	HeapTuple	tup;
+	char	   *symbol = NULL;
+
+	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn_oid));
+	if (!HeapTupleIsValid(tup))
+		return NULL;
+	if (((Form_pg_proc) GETSTRUCT(tup))->prolang == ClanguageId)
+	{
+		bool		isnull;
+		Datum		bin = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_probin, &isnull);
+
+		if (!isnull && strcmp(TextDatumGetCString(bin), "$libdir/idempotency") == 0)
+			symbol = TextDatumGetCString(SysCacheGetAttr(PROCOID, tup,
+														 Anum_pg_proc_prosrc, &isnull));
+	}
+	ReleaseSysCache(tup);
+	return symbol;
+}
+
 /* Is fn_oid one of our functions that touch only their own key? */
 static bool
 own_quiet_function(Oid fn_oid)
 {
-	HeapTuple	tup;
-	Form_pg_proc proc;
-	bool		quiet = false;
+	char	   *symbol = idem_own_function_symbol(fn_oid);
 
-	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn_oid));
-	if (!HeapTupleIsValid(tup))
-		return false;
-	proc = (Form_pg_proc) GETSTRUCT(tup);
-	if (proc->prolang == ClanguageId)
-	{
-		bool		isnull;
-		Datum		bin = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_probin, &isnull);
-		Datum		src = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_prosrc, &isnull);
-
-		if (!isnull && strcmp(TextDatumGetCString(bin), "$libdir/idempotency") == 0)
-		{
-			char	   *symbol = TextDatumGetCString(src);
-
-			for (size_t i = 0; i < lengthof(quiet_own_functions); i++)
-				if (strcmp(symbol, quiet_own_functions[i]) == 0)
-					quiet = true;
-		}
-	}
-	ReleaseSysCache(tup);
-	return quiet;
+	if (symbol != NULL)
+		for (size_t i = 0; i < lengthof(quiet_own_functions); i++)
+			if (strcmp(symbol, quiet_own_functions[i]) == 0)
+				return true;
+	return false;
 }
 
 /* Can calling fn_oid never look at the records table? */

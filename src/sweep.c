@@ -35,6 +35,18 @@ idem_sweep_cursor_init(IdemSweepCursor *cursor, bool one_transaction)
 	cursor->one_transaction = one_transaction;
 }
 
+/* Add what a sweep statement removed or failed to the pass and to idem_stats. */
+static void
+count_swept(IdemSweepCounts *counts, uint64 expired, uint64 released,
+			uint64 failed)
+{
+	counts->expired_removed += expired;
+	counts->stale_released += released;
+	counts->stale_failed += failed;
+	idem_stats_add(IDEM_STAT_SWEPT_EXPIRED, expired);
+	idem_stats_add(IDEM_STAT_SWEPT_STALE, released + failed);
+}
+
 /*
  * Run one batch in the current transaction.  Returns true when a batch came
  * back full, so that more expired rows may be waiting.
@@ -72,12 +84,7 @@ idem_sweep_batch(int batch_size, IdemSweepCursor *cursor,
 		cursor->expired_from += 1;	/* timestamps are whole microseconds */
 	}
 
-	counts->expired_removed += deleted - released;
-	counts->stale_released += released;
-	counts->stale_failed += failed;
-	idem_stats_add(IDEM_STAT_SWEPT_EXPIRED, deleted - released);
-	idem_stats_add(IDEM_STAT_SWEPT_STALE, released + failed);
-
+	count_swept(counts, deleted - released, released, failed);
 	return deleted >= (uint64) batch_size || failed == (uint64) batch_size;
 }
 
@@ -125,11 +132,7 @@ sweep_cluster(IdemSweepCounts *counts)
 	deleted = idem_store_sweep_cluster(GetCurrentTimestamp(),
 									   idem_stale_action == IDEM_STALE_FAIL,
 									   &released, &failed);
-	counts->expired_removed += deleted;
-	counts->stale_released += released;
-	counts->stale_failed += failed;
-	idem_stats_add(IDEM_STAT_SWEPT_EXPIRED, deleted);
-	idem_stats_add(IDEM_STAT_SWEPT_STALE, released + failed);
+	count_swept(counts, deleted, released, failed);
 }
 
 /*
