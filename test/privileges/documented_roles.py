@@ -10,6 +10,15 @@ verbatim.  Then, for each role, every capability the page documents must
 work and every refusal it documents must come with 42501; and every
 privilege of each role's table GRANT line is needed (revoking it makes a
 documented capability fail with 42501).
+
+Coverage, from the catalog: every function of the extension (pg_depend
+deptype 'e' on pg_proc) is granted by some role's lines or listed in the
+page's "Owner only" table with a reason; each role is granted exactly the
+functions ROLE_FUNCTIONS below says it needs (a function in a role it
+should not be in fails); each role is refused (42501) every function of the
+extension its lines do not grant, called with the catalog's argument
+types.  And the application role, with tenant isolation switched on as the
+README's quick start does, runs the README's multi-step block as written.
 """
 
 import glob
@@ -20,6 +29,20 @@ import time
 import psycopg2
 
 ROLES = ('app', 'idem_operator', 'idem_sweeper')
+
+# The functions each documented role needs, and which its checks below
+# exercise: its GRANT lines on docs/privileges.md must name exactly these.
+# A function added to the extension must be given to a role here and on the
+# page, or be listed in the page's "Owner only" table with a reason.
+ROLE_FUNCTIONS = {
+    'app': {'idem_claim', 'idem_claim_many', 'idem_complete', 'idem_release', 'idem_heartbeat',
+            'idem_checkpoint', 'idem_child_key', 'idem_lookup'},
+    'idem_operator': {'idem_lookup', 'idem_forget', 'idem_sweep', 'idem_stats_read', 'idem_stats_reset',
+                      'idem_node_stats', 'idem_cluster_stats'},
+    'idem_sweeper': {'idem_sweep'},
+}
+OWNER_ONLY_HEADING = '## Owner only'
+OWNER_ROW = re.compile(r'^\|\s*`([A-Za-z_][A-Za-z0-9_]*\([^)]*\))`\s*\|\s*(.*?)\s*\|\s*$')
 DB = 'documented'
 GRANT_LINE = re.compile(r'^\s*(GRANT\s.*\sTO\s+(%s)\s*;)\s*$' % '|'.join(ROLES), re.I)
 
@@ -62,6 +85,38 @@ def documented_grants(repo):
                 problems.append('%s:%d: grants %s something docs/privileges.md does not: %s'
                                 % (os.path.relpath(path, repo), no, m.group(2), m.group(1)))
     return grants, problems
+
+
+def owner_only(repo):
+    """{signature as written: reason} from the table under '## Owner only'
+    of docs/privileges.md."""
+    result, inside = {}, False
+    with open(os.path.join(repo, 'docs', 'privileges.md'), encoding='utf-8') as f:
+        for line in f:
+            if line.startswith('## '):
+                inside = line.strip() == OWNER_ONLY_HEADING
+                continue
+            m = OWNER_ROW.match(line) if inside else None
+            if m:
+                result[m.group(1)] = m.group(2)
+    return result
+
+
+def sql_blocks(path):
+    """The text of every ```sql block of a page, one string per block."""
+    blocks, current = [], None
+    with open(path, encoding='utf-8') as f:
+        for line in f:
+            if re.match(r'^\s*```', line):
+                if current is None and re.match(r'^\s*```sql\s*$', line):
+                    current = []
+                elif current is not None:
+                    blocks.append(''.join(current))
+                    current = None
+                continue
+            if current is not None:
+                current.append(line)
+    return blocks
 
 
 _db = None                      # privileges.DB, set by run()
@@ -139,6 +194,11 @@ def operator_can(P, own):
         claims = P.one(c, 'SELECT claims FROM idem_stats')
         if claims != (0,):
             problems.append('after idem_stats_reset: %r' % (claims,))
+        # without Citus these run and refuse with 55000, which proves EXECUTE
+        for call in ('SELECT * FROM idem_node_stats()', 'SELECT * FROM idem_cluster_stats()'):
+            st = P.sqlstate_of(c, call)
+            if st != '55000':
+                problems.append('%s: SQLSTATE %s (want 55000: runs, and needs Citus)' % (call, st))
     except psycopg2.Error as e:
         problems.append('%s %s' % (e.pgcode, str(e).strip().splitlines()[0]))
     finally:
@@ -183,6 +243,123 @@ REFUSED = {
 }
 
 
+def extension_functions(P, own):
+    """[(signature, name, call with NULLs of the argument types,
+    {role: has EXECUTE})] for every function of the extension."""
+    result = []
+    for sig, name, args in P.rows(own, """
+            SELECT p.oid::pg_catalog.regprocedure::text, p.proname,
+                   pg_catalog.array_to_string(ARRAY(
+                       SELECT pg_catalog.format('(SELECT NULL::%s)', pg_catalog.format_type(u.t, NULL))
+                       FROM pg_catalog.unnest(p.proargtypes::pg_catalog.oid[]) WITH ORDINALITY AS u(t, i)
+                       ORDER BY u.i), ', ')
+            FROM pg_catalog.pg_depend d
+            JOIN pg_catalog.pg_proc p ON p.oid = d.objid
+            JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
+            WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.deptype = 'e'
+            ORDER BY 1"""):
+        held = {r: P.one(own, "SELECT pg_catalog.has_function_privilege(%s, %s::pg_catalog.regprocedure, 'EXECUTE')",
+                         (r, sig))[0] for r in ROLES}
+        result.append((sig, name, 'SELECT %s(%s)' % (name, args), held))
+    return result
+
+
+def check_coverage(P, own, repo):
+    """Every function of the extension is in a documented role or listed as
+    owner only, each role holds exactly what it needs, and is refused the
+    rest."""
+    fns = extension_functions(P, own)
+    listed = owner_only(repo)
+    resolved, bad_rows = {}, []
+    for written, why in listed.items():
+        r = P.one(own, 'SELECT pg_catalog.to_regprocedure(%s)::text', (written,))[0]
+        if r is None or r not in [f[0] for f in fns]:
+            bad_rows.append('%s: not a function of the extension' % written)
+        elif len(why) < 10:
+            bad_rows.append('%s: no reason given' % written)
+        else:
+            resolved[r] = why
+    P.check(listed and not bad_rows,
+            'docs/privileges.md, "Owner only": %d functions of the extension, each with a reason' % len(listed),
+            bad_rows or 'the table is missing')
+    uncovered = [f[0] for f in fns if not any(f[3].values()) and f[0] not in resolved]
+    P.check(fns and not uncovered,
+            'each of the %d functions of the extension (pg_depend) is in a documented role\'s GRANT lines '
+            'or listed as owner only' % len(fns),
+            {'in no role and not listed as owner only (add it to docs/privileges.md)': uncovered})
+    both = [f[0] for f in fns if any(f[3].values()) and f[0] in resolved]
+    P.check(not both, 'no function listed as owner only is granted to a documented role', both)
+    for r in ROLES:
+        granted = {f[1] for f in fns if f[3][r]}
+        extra, missing = sorted(granted - ROLE_FUNCTIONS[r]), sorted(ROLE_FUNCTIONS[r] - granted)
+        P.check(not extra and not missing,
+                '%s\'s documented lines grant exactly the %d functions it needs' % (r, len(ROLE_FUNCTIONS[r])),
+                {'granted but not for this role': extra, 'needed but not granted': missing})
+        c = connect(P, DB, r)
+        wrong = {}
+        for sig, name, call, held in fns:
+            if not held[r]:
+                st = P.sqlstate_of(c, call)
+                if st != '42501':
+                    wrong[sig] = st
+        c.close()
+        refused = [f for f in fns if not f[3][r]]
+        P.check(refused and not wrong,
+                '%s is refused (42501) each of the %d functions its lines do not grant' % (r, len(refused)),
+                wrong)
+
+
+def app_runs_readme_multistep(P, own, repo):
+    """The README's multi-step block as written, run by psql as the
+    documented app role with tenant isolation on (the README's quick start):
+    the deployer (the owner here) creates its table; the role does the rest.
+    Returns a list of problems."""
+    import subprocess
+    blocks = [b for b in sql_blocks(os.path.join(repo, 'README.md'))
+              if 'idem_checkpoint(' in b and 'idem_child_key(' in b]
+    if len(blocks) != 1:
+        return ['README.md has %d ```sql blocks with idem_checkpoint and idem_child_key (want 1)' % len(blocks)]
+    block = blocks[0]
+    tenant = re.search(r"idem_claim\('([^']+)'", block)
+    if tenant is None:
+        return ['the multi-step block claims no tenant by position: %r' % block[:200]]
+    tenant = tenant.group(1)
+    creates = re.findall(r'^CREATE TABLE\s+(\w+)[^;]*;', block, re.M | re.I)
+    script = block
+    for stmt in re.finditer(r'^CREATE TABLE\s+\w+[^;]*;', block, re.M | re.I):
+        own.cursor().execute(stmt.group(0))
+        script = script.replace(stmt.group(0), '')
+    for t in creates:
+        own.cursor().execute('GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO app' % t)
+    own.cursor().execute("SELECT idem_set_tenant_isolation(true, 'app.tenant')")
+    problems = []
+    try:
+        def psql(sql, as_tenant):
+            env = dict(os.environ, PGOPTIONS='-c app.tenant=%s' % as_tenant)
+            return subprocess.run(['psql', '-X', '-q', '-At', '-v', 'ON_ERROR_STOP=1', '-h', _db.args.host,
+                                   '-p', str(_db.args.port), '-U', 'app', '-d', DB, '-f', '-'],
+                                  input=sql, capture_output=True, text=True, env=env, timeout=60)
+        r = psql(script, tenant)
+        if r.returncode != 0:
+            problems.append('psql as app (tenant %s) failed: %s' % (tenant, r.stderr.strip()[-600:]))
+        key = re.search(r"idem_claim\('[^']+',\s*'([^']+)'", block).group(1)
+        status = P.rows(own, 'SELECT status FROM idempotency_records WHERE tenant_id = %s AND key = %s',
+                        (tenant, key))
+        if status != [('completed',)]:
+            problems.append('after the block the record of %s/%s is %r (want completed)' % (tenant, key, status))
+        lookup = "SELECT count(*) FROM idem_lookup('%s', '%s');" % (tenant, key)
+        mine, other = psql(lookup, tenant), psql(lookup, 'another-tenant')
+        if (mine.stdout.strip(), other.stdout.strip()) != ('1', '0'):
+            problems.append('isolation: app sees %r of its own tenant\'s record and %r as another tenant '
+                            '(want 1 and 0): %s %s' % (mine.stdout.strip(), other.stdout.strip(),
+                                                       mine.stderr.strip(), other.stderr.strip()))
+    finally:
+        own.cursor().execute('SELECT idem_set_tenant_isolation(false)')
+        for t in creates:
+            own.cursor().execute('DROP TABLE %s' % t)
+    return problems
+
+
 def table_privileges(lines):
     for g in lines:
         m = re.match(r'GRANT\s+(.*?)\s+ON\s+(TABLE\s+)?idempotency_records\s+TO', g, re.I)
@@ -221,10 +398,13 @@ def run(P, db, repo):
                 failures.append('%s -- %s' % (g, str(e).strip()))
     P.check(not failures, 'every documented GRANT line runs as written', failures)
 
+    check_coverage(P, own, repo)
+
     what = {
         'app': 'claim, heartbeat, complete, replay, mismatch, lookup, release (with and without failure), '
                'takeover, fencing, claim_many',
         'idem_operator': 'lookup, forget, idem_stats (its own database only), idem_stats_reset, '
+                         'idem_node_stats and idem_cluster_stats (55000 without Citus), '
                          'idem_sweep (expired and stale records)',
         'idem_sweeper': 'idem_sweep (expired and stale records)',
     }
@@ -247,4 +427,8 @@ def run(P, db, repo):
         P.check(needed and not unneeded,
                 '%s: each table privilege it is granted (%s) is needed: without it a documented '
                 'capability fails with 42501' % (r, ', '.join(needed + unneeded)), {'not needed': unneeded})
+
+    probs = app_runs_readme_multistep(P, own, repo)
+    P.check(not probs, 'app, with tenant isolation on, runs the README\'s multi-step block as written '
+            '(idem_checkpoint, idem_child_key) and sees only its own tenant\'s records', probs)
     own.close()

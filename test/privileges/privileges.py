@@ -46,7 +46,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # What docs/privileges.md documents.  PUBLIC gets nothing.
 PUBLIC_EXECUTABLE = set()
 APP_FUNCTIONS = ['idem_claim', 'idem_claim_many', 'idem_complete', 'idem_release',
-                 'idem_heartbeat', 'idem_lookup']
+                 'idem_heartbeat', 'idem_checkpoint', 'idem_child_key', 'idem_lookup']
 OPS_FUNCTIONS = ['idem_forget', 'idem_sweep', 'idem_stats_read', 'idem_stats_reset']
 HOSTILE_PATH = 'pg_temp, evil, public, pg_catalog'
 
