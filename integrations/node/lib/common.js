@@ -1,0 +1,64 @@
+'use strict';
+/*
+ * What the Express middleware and the consumer wrapper share: checking an
+ * identifier the extension accepts, canonical JSON for fingerprints, and
+ * the error a caller can tell apart by its code.
+ */
+const crypto = require('node:crypto');
+
+const MAX_IDENTIFIER_BYTES = 255;   // the extension's limit on tenant_id and key
+
+/** A refusal of the caller's input (HTTP 400), raised before anything is claimed. */
+class Refused extends Error {
+  constructor(title, detail) {
+    super(detail ? `${title}: ${detail}` : title);
+    this.title = title;
+    this.detail = detail;
+  }
+}
+
+/**
+ * An outcome of idempotent() that is not a result:
+ *   code 'in_progress'  another transaction holds the key now (requeue with a delay)
+ *   code 'mismatch'     the key was used with another fingerprint (a bug upstream)
+ *   code 'failed'       the key was released earlier with a stored failure (error.response)
+ *   code 'invalid_key'  the message gave no usable key or tenant
+ */
+class IdempotencyError extends Error {
+  constructor(code, message, response) {
+    super(message);
+    this.name = 'IdempotencyError';
+    this.code = code;
+    if (response !== undefined) this.response = response;
+  }
+}
+
+/** A printable-ASCII identifier of 1..255 bytes (so bytes == characters). */
+function parseIdentifier(value, name) {
+  if (typeof value !== 'string' || value === '') throw new Refused(`${name} must not be empty`);
+  if (value.length > MAX_IDENTIFIER_BYTES) {
+    throw new Refused(`${name} is too long`,
+      `${value.length} characters; the limit is ${MAX_IDENTIFIER_BYTES}.`);
+  }
+  if (!/^[\x20-\x7e]+$/.test(value)) throw new Refused(`${name} must be printable ASCII`);
+  return value;
+}
+
+/** JSON with sorted keys: the same value gives the same text whatever the key order or spacing. */
+function canonicalJson(value) {
+  if (value === undefined) return 'null';
+  if (Array.isArray(value)) return `[${value.map(canonicalJson).join(',')}]`;
+  if (value !== null && typeof value === 'object' && typeof value.toJSON !== 'function') {
+    return `{${Object.keys(value).filter((k) => value[k] !== undefined).sort()
+      .map((k) => `${JSON.stringify(k)}:${canonicalJson(value[k])}`).join(',')}}`;
+  }
+  return JSON.stringify(value);
+}
+
+const sha256 = (...parts) => {
+  const hash = crypto.createHash('sha256');
+  for (const part of parts) hash.update(part);
+  return hash.digest('hex');
+};
+
+module.exports = { MAX_IDENTIFIER_BYTES, Refused, IdempotencyError, parseIdentifier, canonicalJson, sha256 };

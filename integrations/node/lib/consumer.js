@@ -1,0 +1,135 @@
+'use strict';
+/*
+ * idempotent(fn, options): run fn at most once per (tenant, key) for the
+ * messages of a queue consumer, a job or any other at-least-once delivery.
+ *
+ *   const handle = idempotent(async (db, message) => {
+ *     await db.query('INSERT ...');          // same transaction as the claim
+ *     return { orderId: 42 };                // stored, returned on every duplicate
+ *   }, { key: 'messageId', tenant: 'orders-consumer', fingerprintFields: ['body.amount'] });
+ *   const result = await handle(pool, message);
+ *
+ * One transaction on the client (a pg.Pool lends one): BEGIN, idem_claim,
+ * fn(client, message, ...), idem_complete with fn's result, COMMIT.  If fn
+ * throws, everything rolls back (its writes and the claim) and the error
+ * propagates: the next delivery runs fn again.  A duplicate gets the stored
+ * result without running fn; the other outcomes are IdempotencyErrors.
+ *
+ * The result is stored as JSON (JSON.stringify; undefined is stored as
+ * null) and what is returned, the first time as on every duplicate, is
+ * that JSON read back, so every delivery sees the same value.
+ */
+const { Refused, IdempotencyError, parseIdentifier, canonicalJson, sha256 } = require('./common');
+
+/** A dotted path ('body.order.id') into a message; undefined when any step is missing. */
+function pathValue(message, path) {
+  let value = message;
+  for (const step of path.split('.')) {
+    if (value === null || value === undefined) return undefined;
+    value = value[step];
+  }
+  return value;
+}
+
+const valueOf = (spec, message) => (typeof spec === 'function' ? spec(message) : pathValue(message, spec));
+
+/** A pg.Pool lends a client; a pg.Client or a pool's client is used as it is. */
+async function borrow(db) {
+  const isPool = db && typeof db.connect === 'function' && 'idleCount' in db && 'totalCount' in db;
+  if (!isPool) return { client: db, giveBack: () => {} };
+  const client = await db.connect();
+  return { client, giveBack: (err) => client.release(err) };
+}
+
+function identifier(value, what) {
+  if (typeof value === 'number' || typeof value === 'bigint') value = String(value);
+  try {
+    return parseIdentifier(value, what);
+  } catch (e) {
+    if (!(e instanceof Refused)) throw e;
+    const text = e.detail ? `${e.title}: ${e.detail}` : `${e.title}.`;
+    throw new IdempotencyError('invalid_key', text[0].toUpperCase() + text.slice(1));
+  }
+}
+
+/**
+ * options:
+ *   key                (message) => key, or a dotted path into the message ('id', 'headers.messageId')
+ *   tenant             a string, or (message) => tenant (the consumer group, the queue)
+ *   fingerprintFields  dotted paths whose values make the fingerprint; a duplicate whose
+ *                      fields differ is refused ('mismatch'); default: no fingerprint
+ *   ttl, lease, wait   intervals for idem_claim ('1 day', '30 seconds', '2 seconds');
+ *                      default the server's settings (wait: answer in_progress at once)
+ */
+function idempotent(fn, {
+  key, tenant, fingerprintFields = null, ttl = null, lease = null, wait = null,
+} = {}) {
+  if (typeof fn !== 'function') throw new TypeError('idempotent() needs the function to wrap.');
+  if (!(typeof key === 'function' || (typeof key === 'string' && key !== ''))) {
+    throw new TypeError('The key option must be a function of the message or a dotted path into it.');
+  }
+  if (!(typeof tenant === 'function' || (typeof tenant === 'string' && tenant !== ''))) {
+    throw new TypeError('The tenant option must be a non-empty string or a function of the message.');
+  }
+  if (fingerprintFields !== null
+      && !(Array.isArray(fingerprintFields) && fingerprintFields.every((f) => typeof f === 'string' && f !== ''))) {
+    throw new TypeError('The fingerprintFields option must be an array of dotted paths.');
+  }
+
+  return async function idempotentCall(db, message, ...rest) {
+    const keyValue = identifier(valueOf(key, message), 'the key');
+    const tenantValue = identifier(typeof tenant === 'string' ? tenant : tenant(message), 'the tenant');
+    const fingerprint = fingerprintFields === null ? null
+      : sha256(canonicalJson(fingerprintFields.map((field) => [field, pathValue(message, field) ?? null])));
+
+    const { client, giveBack } = await borrow(db);
+    let broken;
+    try {
+      await client.query('BEGIN');
+      let outcome;
+      try {
+        const { rows: [claim] } = await client.query(
+          `SELECT outcome, token, response
+             FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
+          [tenantValue, keyValue, fingerprint, lease, ttl, wait]);
+        outcome = claim;
+        if (claim.outcome === 'claimed') {
+          const result = await fn(client, message, ...rest);
+          const document = JSON.stringify(result === undefined ? null : result);
+          // store it and read back what was stored: the same value on every delivery
+          const { rows: [stored] } = await client.query(
+            `SELECT d.r AS result FROM (SELECT $4::jsonb) AS d(r),
+                    idem_complete($1, $2, $3::bigint, response => d.r)`,
+            [tenantValue, keyValue, claim.token, document]);
+          await client.query('COMMIT');
+          return stored.result;
+        }
+        await client.query('COMMIT');
+      } catch (e) {
+        try {
+          await client.query('ROLLBACK');
+        } catch (rollbackError) {
+          broken = rollbackError;   // the connection is unusable: the pool must not lend it again
+        }
+        throw e;
+      }
+      switch (outcome.outcome) {
+        case 'replay':
+          return outcome.response;
+        case 'failed':
+          throw new IdempotencyError('failed', 'This message was processed before and failed; the stored failure is in error.response.',
+            outcome.response);
+        case 'in_progress':
+          throw new IdempotencyError('in_progress',
+            'Another delivery of this message is being processed now; deliver it again later.');
+        default:
+          throw new IdempotencyError('mismatch',
+            'This key was used before for a message with other fingerprint fields.');
+      }
+    } finally {
+      giveBack(broken);
+    }
+  };
+}
+
+module.exports = { idempotent };

@@ -1,0 +1,82 @@
+'use strict';
+// Shared by the tests: a database from the PG* environment variables (a
+// superuser there, as test/suites/77-node gives one on a throwaway
+// cluster), the extension created, and an Express app on a free port.
+const http = require('node:http');
+const crypto = require('node:crypto');
+const pg = require('pg');
+
+// tenants of this run: the tests can run again on the same database
+const RUN = crypto.randomBytes(4).toString('hex');
+
+const configured = Boolean(process.env.PGDATABASE && process.env.PGPORT);
+const skipReason = configured ? false
+  : 'set PGHOST, PGPORT, PGDATABASE and PGUSER to a database where this user may CREATE EXTENSION idempotency';
+
+let prepared;
+/** A pool on the test database, with the extension and the tests' table there. */
+async function database() {
+  const pool = new pg.Pool({ max: 30 });
+  prepared ??= (async () => {
+    const setup = new pg.Client();
+    await setup.connect();
+    try {
+      // one file at a time: node --test runs the files as concurrent processes
+      await setup.query('SELECT pg_advisory_lock(77)');
+      await setup.query('CREATE EXTENSION IF NOT EXISTS idempotency');
+      await setup.query(`CREATE TABLE IF NOT EXISTS test_writes (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        tenant text NOT NULL, key text NOT NULL, note text)`);
+      // tokens beyond 2^53, where Number() would round them (extension 1.1 hands them out from this sequence)
+      await setup.query(`SELECT setval(seq, greatest(nextval(seq), 9223372032559808512))
+                           FROM (SELECT to_regclass('idempotency_tokens') AS seq) s WHERE seq IS NOT NULL`);
+    } finally {
+      await setup.end();
+    }
+  })();
+  await prepared;
+  return pool;
+}
+
+/** Rows the code under test wrote for (tenant, key). */
+async function writes(pool, tenant, key) {
+  const { rows: [row] } = await pool.query(
+    'SELECT count(*)::int AS n FROM test_writes WHERE tenant = $1 AND key = $2', [tenant, key]);
+  return row.n;
+}
+
+async function record(pool, tenant, key) {
+  const { rows } = await pool.query(
+    'SELECT status, token::text AS token, response FROM idempotency_records WHERE tenant_id = $1 AND key = $2',
+    [tenant, key]);
+  return rows[0] ?? null;
+}
+
+/** Start app on 127.0.0.1 (a port the kernel picks); resolves to its base URL and a close(). */
+function listen(app) {
+  return new Promise((resolve) => {
+    const server = app.listen(0, '127.0.0.1', () => {
+      const { port } = server.address();
+      resolve({ port, close: () => new Promise((done) => { server.closeAllConnections?.(); server.close(done); }) });
+    });
+  });
+}
+
+/** A request with raw headers (an array value sends the header twice); resolves to status, headers, body bytes. */
+function request(port, { method = 'POST', path = '/', headers = {}, body } = {}) {
+  return new Promise((resolve, reject) => {
+    const payload = body === undefined ? undefined : Buffer.from(typeof body === 'string' ? body : JSON.stringify(body));
+    const req = http.request({
+      host: '127.0.0.1', port, method, path, agent: false,
+      headers: { ...(payload ? { 'Content-Type': 'application/json', 'Content-Length': payload.length } : {}), ...headers },
+    }, (res) => {
+      const chunks = [];
+      res.on('data', (c) => chunks.push(c));
+      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body: Buffer.concat(chunks) }));
+    });
+    req.on('error', reject);
+    req.end(payload);
+  });
+}
+
+module.exports = { RUN, skipReason, database, writes, record, listen, request };
