@@ -1,9 +1,6 @@
-"""FastAPI integration of the idempotency extension: a decorator that runs an
-endpoint at most once per (tenant, Idempotency-Key).
-
-The shape of the classic "idempotent_db_operation" decorator, with one change
-that matters: the claim, the endpoint's own writes and the stored response
-are ONE database transaction.
+"""FastAPI (Starlette) integration: a decorator that runs an endpoint at most
+once per (tenant, Idempotency-Key), with the claim, the endpoint's own
+writes and the stored response in ONE database transaction.
 
     BEGIN
     idem_claim(tenant, key, fingerprint)
@@ -25,22 +22,20 @@ body sent is the stored jsonb as PostgreSQL prints it, for the first answer
 (read back by the statement that stores it) as for every replay, so they are
 the same bytes whatever the endpoint's key order or number formatting.
 
-Usage (see app.py):
-
     idempotent = Idempotency(pool=lambda: app.state.pool, tenant=current_client)
 
     @app.post("/entries")
     @idempotent(status_code=201)
-    async def post_entries(entries: list[Entry], conn: AsyncConnection, claim: Claim):
+    async def post_entries(entries: List[Entry], conn: AsyncConnection, claim: Claim):
         await conn.execute("INSERT ...")          # same transaction as the claim
         return [...]
 
 Parameters annotated AsyncConnection and Claim are filled in by the decorator
-and hidden from FastAPI.  Requires psycopg 3 (psycopg_pool) and FastAPI.
+and hidden from FastAPI.  Works with FastAPI 0.92 (pydantic 1) and later
+(pydantic 2); needs psycopg 3 and psycopg_pool.
 """
 import base64
 import functools
-import hashlib
 import inspect
 import json
 import re
@@ -51,11 +46,13 @@ from fastapi import Depends, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import Response
 from psycopg import AsyncConnection, Rollback
+from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
-__all__ = ["Claim", "Idempotency"]
+from .core import IdempotencyKeyError, check_identifier, sha256_hex
 
-MAX_IDENTIFIER_BYTES = 255                              # the extension's limit on tenant_id and key
+__all__ = ["Claim", "Idempotency", "fingerprint", "parse_idempotency_key", "problem"]
+
 SF_STRING = re.compile(r'"((?:[^"\\]|\\["\\])*)"')      # RFC 8941 sf-string
 NOT_REPLAYED_HEADERS = {"content-length", "content-type", "date", "server", "transfer-encoding"}
 # The body to send, as PostgreSQL prints the stored jsonb (the whole document if it is not ours)
@@ -68,14 +65,6 @@ class Claim:
     tenant: str
     key: str
     token: int
-
-
-class Refused(Exception):
-    """A request refused before the claim (400): nothing is stored."""
-
-    def __init__(self, title, detail=None):
-        super().__init__(title)
-        self.title, self.detail = title, detail
 
 
 def problem(status: int, title: str, detail: Optional[str] = None, headers=None) -> Response:
@@ -91,30 +80,21 @@ def compact_json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def parse_identifier(value: Optional[str], name: str) -> str:
-    """A printable-ASCII identifier of 1..255 bytes (so bytes == characters)."""
-    if not value:
-        raise Refused(f"{name} must not be empty")
-    if len(value) > MAX_IDENTIFIER_BYTES:
-        raise Refused(f"{name} is too long", f"{len(value)} characters; the limit is {MAX_IDENTIFIER_BYTES}.")
-    if not all(" " <= c <= "~" for c in value):
-        raise Refused(f"{name} must be printable ASCII")
-    return value
-
-
-def parse_idempotency_key(values: list) -> str:
-    """The key: an sf-string ("abc") per the IETF draft, or bare (abc) as Stripe sends it."""
+def parse_idempotency_key(values: list) -> Optional[str]:
+    """The key of the Idempotency-Key header values: an sf-string ("abc") per
+    the IETF draft, or bare (abc) as Stripe sends it.  None when there is no
+    header; IdempotencyKeyError when it is not a usable key."""
     if not values:
-        raise Refused("Idempotency-Key header is required", "Send a unique key per operation, e.g. a UUID v4.")
+        return None
     if len(values) > 1:
-        raise Refused("only one Idempotency-Key header is allowed")
+        raise IdempotencyKeyError("Only one Idempotency-Key header is allowed.")
     raw = values[0].strip()
     if raw.startswith('"'):
         quoted = SF_STRING.fullmatch(raw)
         if not quoted:
-            raise Refused("Idempotency-Key is not a valid structured-field string")
+            raise IdempotencyKeyError("The Idempotency-Key is not a valid structured-field string.")
         raw = re.sub(r'\\(["\\])', r"\1", quoted.group(1))
-    return parse_identifier(raw, "Idempotency-Key")
+    return check_identifier(raw, "Idempotency-Key", printable_ascii=True)
 
 
 def fingerprint(request: Request, body: bytes) -> str:
@@ -126,7 +106,7 @@ def fingerprint(request: Request, body: bytes) -> str:
                           ensure_ascii=False).encode()
     except ValueError:
         pass                                            # not JSON: the bytes as sent
-    return hashlib.sha256(f"{request.method} {target}\n".encode() + body).hexdigest()
+    return sha256_hex(f"{request.method} {target}\n".encode() + body)
 
 
 async def stored_document(result: Any, status_code: int) -> dict:
@@ -169,21 +149,34 @@ def render(doc: Any, body: str, replayed: bool) -> Response:
                     media_type=doc.get("content_type", "application/json"))
 
 
+def as_response(result: Any, status_code: int) -> Response:
+    """What FastAPI would have sent for the endpoint's return value."""
+    if isinstance(result, Response):
+        return result
+    return Response(compact_json(jsonable_encoder(result)), status_code=status_code,
+                    media_type="application/json")
+
+
 class Idempotency:
     """Configures the decorator once per application.
 
-    pool:   a psycopg_pool.AsyncConnectionPool whose connections are in
-            autocommit mode, or a function returning it (created at startup).
-    tenant: whose keys these are.  A header name (str) or a FastAPI
-            dependency (a callable; it may depend on your authentication,
-            e.g. return the authenticated principal's id).
-    lease, ttl: passed to idem_claim (None: the server's defaults).
+    pool:         a psycopg_pool.AsyncConnectionPool whose connections are in
+                  autocommit mode, or a function returning it (e.g. one
+                  created in the app's lifespan).
+    tenant:       whose keys these are.  A header name (str) or a FastAPI
+                  dependency (a callable; it may depend on your
+                  authentication, e.g. return the authenticated principal's id).
+    lease, ttl:   passed to idem_claim ('5 minutes'; None: the server's defaults).
+    key_required: True (default): a request without an Idempotency-Key
+                  header is refused with 400.  False: it runs the endpoint
+                  untouched (no claim, nothing stored, no replay), still in
+                  one transaction that a raise or a 5xx rolls back; Claim is None.
     """
 
     def __init__(self, pool, *, tenant: Union[str, Callable] = "X-Client-Id",
-                 lease: Optional[str] = None, ttl: Optional[str] = None):
-        self._pool = pool if callable(pool) else (lambda: pool)
-        self.tenant, self.lease, self.ttl = tenant, lease, ttl
+                 lease: Optional[str] = None, ttl: Optional[str] = None, key_required: bool = True):
+        self._pool = pool if callable(pool) and not hasattr(pool, "connection") else (lambda: pool)
+        self.tenant, self.lease, self.ttl, self.key_required = tenant, lease, ttl, key_required
 
     def __call__(self, func: Optional[Callable] = None, *, status_code: int = 200):
         """@idempotent or @idempotent(status_code=201): status_code is used when
@@ -201,7 +194,7 @@ class Idempotency:
         for p in signature.parameters.values():
             if p.annotation is AsyncConnection or getattr(p.annotation, "__origin__", None) is AsyncConnection:
                 conn_param = p.name
-            elif p.annotation is Claim:
+            elif p.annotation is Claim or p.annotation == Optional[Claim]:
                 claim_param = p.name
             else:   # keyword-only: FastAPI passes keywords, and the order of defaults stops mattering
                 visible.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
@@ -211,38 +204,48 @@ class Idempotency:
             visible.append(inspect.Parameter("idem_request_", inspect.Parameter.KEYWORD_ONLY, annotation=Request))
         if callable(self.tenant):
             visible.append(inspect.Parameter("idem_tenant_", inspect.Parameter.KEYWORD_ONLY,
-                                             annotation=str, default=Depends(self.tenant)))
+                                             annotation=Any, default=Depends(self.tenant)))
 
         @functools.wraps(func)
         async def endpoint(**kwargs):
             request: Request = kwargs[request_param] if request_param else kwargs.pop("idem_request_")
             tenant = kwargs.pop("idem_tenant_") if callable(self.tenant) else request.headers.get(self.tenant)
-            try:
-                tenant = parse_identifier(tenant, "the tenant")
-                key = parse_idempotency_key(request.headers.getlist("idempotency-key"))
-            except Refused as r:
-                return problem(400, r.title, r.detail)
-            fp = fingerprint(request, await request.body())
 
-            async def handler(conn, token):
+            async def handler(conn, claim):
                 if conn_param:
                     kwargs[conn_param] = conn
                 if claim_param:
-                    kwargs[claim_param] = Claim(tenant, key, token)
+                    kwargs[claim_param] = claim
                 return await func(**kwargs)
 
+            try:
+                key = parse_idempotency_key(request.headers.getlist("idempotency-key"))
+                if key is not None:
+                    tenant = check_identifier(tenant, "tenant", printable_ascii=True)
+            except IdempotencyKeyError as e:
+                return problem(400, str(e))
+            if key is None:
+                if not self.key_required:
+                    return await self.run_without_key(handler, status_code)
+                return problem(400, "An Idempotency-Key header is required.",
+                               "Send a unique key per operation, e.g. a UUID v4.")
+            fp = fingerprint(request, await request.body())
             return await self.run(tenant, key, fp, handler, status_code)
 
         endpoint.__signature__ = signature.replace(parameters=visible)
         del endpoint.__wrapped__          # FastAPI must see the signature above, not func's
         return endpoint
 
-    async def run(self, tenant: str, key: str, fp: str, handler: Callable, status_code: int = 200) -> Response:
-        """One idempotent execution: claim, handler, store, all in one transaction."""
+    async def run(self, tenant: str, key: str, fp: Optional[str], handler: Callable,
+                  status_code: int = 200) -> Response:
+        """One idempotent execution: claim, handler(conn, claim), store, all in
+        one transaction.  Usable without the decorator (e.g. from a plain
+        Starlette endpoint)."""
         answer = None
         async with self._pool().connection() as conn:
             async with conn.transaction():
-                cur = await conn.execute(
+                cur = conn.cursor(row_factory=tuple_row)
+                await cur.execute(
                     f"SELECT outcome, token, response, {BODY_TEXT.format('response')} FROM idem_claim("
                     "%s, %s, %s, lease => %s::interval, ttl => %s::interval)",
                     (tenant, key, fp, self.lease, self.ttl))
@@ -250,14 +253,14 @@ class Idempotency:
                 if outcome in ("replay", "failed"):
                     return render(stored, body, replayed=True)
                 if outcome == "in_progress":
-                    return problem(409, "a request with this Idempotency-Key is still being processed",
+                    return problem(409, "A request with this Idempotency-Key is still being processed.",
                                    "Retry later with the same key.", {"Retry-After": "1"})
                 if outcome == "mismatch":
-                    return problem(422, "this Idempotency-Key was used for a different request",
+                    return problem(422, "This Idempotency-Key was used for a different request.",
                                    "A key must not be reused with another payload.")
 
                 # claimed: this request, and only this one, runs the endpoint
-                result = await handler(conn, token)
+                result = await handler(conn, Claim(tenant, key, token))
                 doc = await stored_document(result, status_code)
                 if doc["status"] >= 500:      # the endpoint gave up: store nothing, undo its writes
                     answer = result if isinstance(result, Response) else \
@@ -266,7 +269,18 @@ class Idempotency:
                 settle = ("idem_complete(%s, %s, %s, response => d.r)" if doc["status"] < 400
                           else "idem_release(%s, %s, %s, failure => d.r)")
                 # store it, and read back what was stored: the first answer is rendered from that
-                cur = await conn.execute(f"SELECT d.r, {BODY_TEXT.format('d.r')}, {settle}"
-                                         " FROM (SELECT %s::jsonb) AS d(r)", (tenant, key, token, Jsonb(doc)))
+                await cur.execute(f"SELECT d.r, {BODY_TEXT.format('d.r')}, {settle}"
+                                  " FROM (SELECT %s::jsonb) AS d(r)", (tenant, key, token, Jsonb(doc)))
                 stored, body, _ = await cur.fetchone()
             return answer or render(stored, body, replayed=False)
+
+    async def run_without_key(self, handler: Callable, status_code: int = 200) -> Response:
+        """A request without a key (key_required=False): the endpoint runs as
+        if undecorated, in a transaction that a raise or a 5xx rolls back."""
+        answer = None
+        async with self._pool().connection() as conn:
+            async with conn.transaction():
+                answer = as_response(await handler(conn, None), status_code)
+                if answer.status_code >= 500:
+                    raise Rollback()
+        return answer

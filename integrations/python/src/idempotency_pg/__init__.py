@@ -1,0 +1,19 @@
+"""Exactly-once HTTP endpoints and queue consumers on the idempotency
+PostgreSQL extension (idem_claim / idem_complete / idem_release), with the
+claim, the work's own writes and the stored result in one transaction.
+
+    from idempotency_pg import idempotent_function        # psycopg 3 functions
+    from idempotency_pg.fastapi import Idempotency, Claim  # FastAPI endpoints
+
+The FastAPI part is imported only from idempotency_pg.fastapi, so consumers
+need neither FastAPI nor pydantic.
+"""
+from .core import (IdempotencyError, IdempotencyInProgressError, IdempotencyKeyError,
+                   IdempotencyPayloadMismatchError, IdempotencyStoredFailureError)
+from .function import idempotent_function
+
+__version__ = "1.1.0"
+
+__all__ = ["IdempotencyError", "IdempotencyInProgressError", "IdempotencyKeyError",
+           "IdempotencyPayloadMismatchError", "IdempotencyStoredFailureError", "idempotent_function",
+           "__version__"]

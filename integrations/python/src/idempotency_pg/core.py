@@ -1,0 +1,220 @@
+"""What every integration shares: the exceptions, identifier checks,
+canonical JSON, fingerprints and field paths into an event.
+
+No framework and no database driver is imported here.
+"""
+import dataclasses
+import datetime
+import decimal
+import enum
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
+
+MAX_IDENTIFIER_BYTES = 255          # the extension's limit on tenant_id and key (22001 beyond)
+
+
+class IdempotencyError(Exception):
+    """Base class of every exception this package raises on purpose."""
+
+
+class IdempotencyKeyError(IdempotencyError, ValueError):
+    """The key or the tenant is missing, empty, too long or not text.
+    Nothing was claimed: fix the caller, or derive the key differently."""
+
+
+class IdempotencyInProgressError(IdempotencyError):
+    """Another transaction holds the key: the original is still running (or
+    committed a claim whose lease is live).  Retry later with the same key;
+    a queue consumer should nack or requeue with a delay."""
+
+    def __init__(self, tenant: str, key: str, lease_expires_at=None):
+        super().__init__(f'The idempotency key "{key}" of tenant "{tenant}" is being processed'
+                         " by another transaction; retry later.")
+        self.tenant, self.key, self.lease_expires_at = tenant, key, lease_expires_at
+
+
+class IdempotencyPayloadMismatchError(IdempotencyError):
+    """The key was used before with another payload (another fingerprint).
+    Usually a bug upstream: a dead letter, not a retry."""
+
+    def __init__(self, tenant: str, key: str):
+        super().__init__(f'The idempotency key "{key}" of tenant "{tenant}" was used before'
+                         " with a different payload.")
+        self.tenant, self.key = tenant, key
+
+
+class IdempotencyStoredFailureError(IdempotencyError):
+    """The key was settled earlier as a failure (idem_release with a failure
+    document, or a lease that expired under idempotency.stale_action = 'fail').
+    The stored document is in .failure."""
+
+    def __init__(self, tenant: str, key: str, failure: Any):
+        super().__init__(f'The idempotency key "{key}" of tenant "{tenant}" was settled earlier'
+                         f" as a failure: {json.dumps(failure)[:200]}")
+        self.tenant, self.key, self.failure = tenant, key, failure
+
+
+def check_identifier(value: Any, what: str, printable_ascii: bool = False) -> str:
+    """A tenant or key as the extension takes it: text of 1..255 UTF-8 bytes
+    without NUL; printable ASCII only when it comes from an HTTP header."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, uuid.UUID)):
+        raise IdempotencyKeyError(f"The {what} must be a string, an integer or a UUID, not {type(value).__name__}.")
+    value = str(value)
+    if not value:
+        raise IdempotencyKeyError(f"The {what} must not be empty.")
+    size = len(value.encode("utf-8"))
+    if size > MAX_IDENTIFIER_BYTES:
+        raise IdempotencyKeyError(f"The {what} is too long: {size} bytes; the limit is {MAX_IDENTIFIER_BYTES}.")
+    if printable_ascii and not all(" " <= c <= "~" for c in value):
+        raise IdempotencyKeyError(f"The {what} must be printable ASCII.")
+    if "\0" in value:
+        raise IdempotencyKeyError(f"The {what} must not contain a NUL character.")
+    return value
+
+
+def jsonable(value: Any) -> Any:
+    """json.dumps' default: the usual types of events and results that JSON
+    has no type for (dataclasses, pydantic models, dates, decimals, UUIDs, sets)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if hasattr(value, "model_dump"):                    # pydantic 2
+        return value.model_dump(mode="json")
+    if hasattr(value, "dict") and hasattr(value, "__fields__"):   # pydantic 1
+        return json.loads(value.json())
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, uuid.UUID)):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=canonical_json)
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", "backslashreplace")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable; pass an encoder that converts it.")
+
+
+def canonical_json(value: Any, default: Callable[[Any], Any] = None) -> str:
+    """JSON with sorted keys and no spacing: equal data, equal text."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=default or jsonable)
+
+
+def sha256_hex(data: Union[str, bytes]) -> str:
+    return hashlib.sha256(data.encode("utf-8") if isinstance(data, str) else data).hexdigest()
+
+
+# ---------------------------------------------------------------- field paths
+
+_MISSING = object()
+_SEGMENT = re.compile(r"""
+    (?P<name>[^.\[\]]+)                 # a field name
+  | \[(?P<index>-?\d+)\]                # [3], [-1]: a list index
+  | \[(?P<quote>["'])(?P<quoted>.*?)(?P=quote)\]   # ["a.b"]: a name with dots
+  | (?P<dot>\.)
+""", re.VERBOSE)
+
+
+def parse_path(path: str) -> tuple:
+    """'body.order.id', 'records[0].messageId', 'headers["x-request.id"]' into
+    its steps: names (str) and indexes (int).  A small subset of JMESPath:
+    enough to point at one value; use a function for anything more."""
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError("A field path must be a non-empty string.")
+    steps, pos, expect_name = [], 0, True
+    while pos < len(path):
+        m = _SEGMENT.match(path, pos)
+        if not m:
+            raise ValueError(f'The field path "{path}" is invalid at character {pos + 1}.')
+        if m.group("dot"):
+            if expect_name:
+                raise ValueError(f'The field path "{path}" has an empty field name at character {pos + 1}.')
+            expect_name = True
+        elif m.group("name") is not None:
+            if not expect_name:
+                raise ValueError(f'The field path "{path}" needs a "." before character {pos + 1}.')
+            steps.append(m.group("name").strip())
+            expect_name = False
+        elif m.group("index") is not None:
+            steps.append(int(m.group("index")))
+            expect_name = False
+        else:
+            steps.append(m.group("quoted"))
+            expect_name = False
+        pos = m.end()
+    if expect_name:
+        raise ValueError(f'The field path "{path}" ends with ".".')
+    return tuple(steps)
+
+
+def lookup(event: Any, steps: Sequence) -> Any:
+    """The value at steps in event (mappings by key, sequences by index,
+    other objects by attribute), or _MISSING."""
+    value = event
+    for step in steps:
+        if isinstance(step, int):
+            if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+                return _MISSING
+            try:
+                value = value[step]
+            except IndexError:
+                return _MISSING
+        elif isinstance(value, Mapping):
+            if step not in value:
+                return _MISSING
+            value = value[step]
+        else:
+            value = getattr(value, step, _MISSING)
+            if value is _MISSING:
+                return _MISSING
+    return value
+
+
+def value_getter(spec: Union[str, Callable[[Any], Any]], what: str) -> Callable[[Any], Any]:
+    """A function of the event from a field path or a function; a missing
+    field gives None."""
+    if callable(spec):
+        return spec
+    steps = parse_path(spec)
+
+    def get(event):
+        value = lookup(event, steps)
+        return None if value is _MISSING else value
+
+    get.__name__ = f"{what}_at_{spec}"
+    return get
+
+
+def payload_fingerprint(spec: Union[None, str, Iterable[str], Callable[[Any], Any]],
+                        encoder: Callable[[Any], Any] = None) -> Optional[Callable[[Any], str]]:
+    """The fingerprint function for payload_validation:
+    None        no fingerprint (the key alone decides; nothing is compared);
+    "*"         the whole event;
+    a path      that field;
+    paths       those fields (a missing one counts as null);
+    a function  what it returns.
+    Each is hashed as canonical JSON (encoder: json.dumps' default), so key
+    order and spacing do not count."""
+    if spec is None:
+        return None
+    if callable(spec):
+        return lambda event: "sha256:" + sha256_hex(canonical_json(spec(event), encoder))
+    if spec == "*":
+        return lambda event: "sha256:" + sha256_hex(canonical_json(event, encoder))
+    paths = [spec] if isinstance(spec, str) else list(spec)
+    if not paths:
+        raise ValueError("payload_validation needs at least one field path.")
+    parsed = [(p, parse_path(p)) for p in paths]
+
+    def fingerprint(event):
+        fields = {}
+        for path, steps in parsed:
+            value = lookup(event, steps)
+            fields[path] = None if value is _MISSING else value
+        return "sha256:" + sha256_hex(canonical_json(fields, encoder))
+
+    return fingerprint

@@ -1,0 +1,331 @@
+"""Checks of @idempotent_function against a real PostgreSQL with the
+extension, run by test/suites/76-python as the unprivileged role of the
+example schema (examples/fastapi/schema.sql, role ledger_app).
+
+run(check, admin_dsn, app_dsn): check(ok, what, detail="") counts one
+assertion; admin_dsn is a superuser's (to create the table these checks
+write to), app_dsn the application role's.
+"""
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import psycopg
+
+from idempotency_pg import (IdempotencyInProgressError, IdempotencyKeyError, IdempotencyPayloadMismatchError,
+                            IdempotencyStoredFailureError, idempotent_function)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS consumer_effects (
+    id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    handler text   NOT NULL,
+    key     text   NOT NULL,
+    amount  bigint
+);
+GRANT SELECT, INSERT ON consumer_effects TO ledger_app;
+"""
+calls = {}          # handler name -> how many times its body ran
+calls_lock = threading.Lock()
+
+
+def ran(name):
+    with calls_lock:
+        calls[name] = calls.get(name, 0) + 1
+
+
+def effects(admin, handler, key=None):
+    """How many rows the handler's body committed (for key, if given)."""
+    cur = admin.execute("SELECT count(*) FROM consumer_effects WHERE handler = %s"
+                        " AND (%s::text IS NULL OR key = %s)", (handler, key, key))
+    return cur.fetchone()[0]
+
+
+def record(admin, tenant, key):
+    """(status, response, ttl) of the record, or None."""
+    return admin.execute("SELECT status, response, ttl FROM idempotency_records WHERE tenant_id = %s AND key = %s",
+                         (tenant, key)).fetchone()
+
+
+def raises(exc_type, call):
+    """The exception call() raised if it is an exc_type, else None."""
+    try:
+        call()
+    except exc_type as e:
+        return e
+    except Exception as e:      # the wrong exception is a failed check, shown in the detail
+        return RuntimeError(f"raised {type(e).__name__}: {e}")
+    return None
+
+
+# ---------------------------------------------------------------- handlers under test
+
+@idempotent_function(key="order_id", payload_validation=["order_id", "amount"], tenant="billing", ttl="7 days")
+def charge(conn, event):
+    ran("charge")
+    conn.execute("INSERT INTO consumer_effects (handler, key, amount) VALUES ('charge', %s, %s)",
+                 (event["order_id"], event["amount"]))
+    if event.get("fail"):
+        raise RuntimeError("the charge failed after its insert")
+    return {"charged": event["amount"], "currency": "EUR"}
+
+
+@idempotent_function(key="Records[0].body.message_id", tenant=lambda e: e["Records"][0]["queue"])
+def consume(conn: psycopg.Connection, message: dict):
+    ran("consume")
+    conn.execute("INSERT INTO consumer_effects (handler, key) VALUES ('consume', %s)",
+                 (message["Records"][0]["body"]["message_id"],))
+    return None                                   # nothing to return is a result too
+
+
+@dataclass
+class Job:
+    job_id: int
+    payload: dict
+
+
+@idempotent_function(key=lambda job: None if job.job_id is None else f"job-{job.job_id}", payload_validation="*", tenant="jobs",
+                     event_argument="job", connection_argument="db", key_required=False)
+def run_job(job: Job, db, attempt: int = 1):
+    ran("run_job")
+    db.execute("INSERT INTO consumer_effects (handler, key) VALUES ('run_job', %s)", (str(job.job_id),))
+    return {"job": job.job_id, "payload": job.payload}
+
+
+@idempotent_function(key="id", tenant="slow", wait="10 seconds")
+def slow(conn, event):
+    ran("slow")
+    conn.execute("INSERT INTO consumer_effects (handler, key) VALUES ('slow', %s)", (event["id"],))
+    time.sleep(0.3)
+    return {"done": event["id"]}
+
+
+@idempotent_function(key="id", tenant="unserializable")
+def unserializable(conn, event):
+    conn.execute("INSERT INTO consumer_effects (handler, key) VALUES ('unserializable', %s)", (event["id"],))
+    return {"lock": threading.Lock()}
+
+
+@idempotent_function(key="id", payload_validation="amount", tenant="async")
+async def charge_async(conn: psycopg.AsyncConnection, event):
+    ran("charge_async")
+    await conn.execute("INSERT INTO consumer_effects (handler, key, amount) VALUES ('charge_async', %s, %s)",
+                       (event["id"], event["amount"]))
+    if event.get("fail"):
+        raise RuntimeError("failing after the insert")
+    return {"charged": event["amount"]}
+
+
+# ---------------------------------------------------------------- checks
+
+def run(check, admin_dsn, app_dsn):
+    admin = psycopg.connect(admin_dsn, autocommit=True)
+    admin.execute(SCHEMA)
+    app = psycopg.connect(app_dsn)                       # not autocommit: the decorator's transaction
+    started = time.time()
+    try:
+        check_basic(check, admin, app)
+        check_paths_tenants_results(check, admin, app)
+        check_failures(check, admin, app)
+        check_in_progress(check, admin, app, app_dsn)
+        check_caller_transaction(check, admin, app)
+        check_concurrent(check, admin, app_dsn)
+        asyncio.run(check_async(check, admin, app_dsn))
+    finally:
+        app.close()
+        admin.close()
+    print(f"     (decorator checks: {time.time() - started:.1f} s)")
+
+
+def check_basic(check, admin, app):
+    event = {"order_id": "o-1", "amount": 1250, "received_at": "2026-01-01T10:00:00Z"}
+    first = charge(app, event)
+    rec = record(admin, "billing", "o-1")
+    check(first == {"charged": 1250, "currency": "EUR"} and calls["charge"] == 1 and effects(admin, "charge") == 1
+          and rec is not None and rec[0] == "completed" and rec[1] == {"result": first},
+          "consumer: the first delivery runs the function; its insert and {result} commit together",
+          f"{first} {calls} {rec}")
+    check(rec is not None and str(rec[2]) in ("7 days, 0:00:00", "7 days"),
+          "consumer: ttl is passed to idem_claim (the record keeps 7 days)", f"{rec}")
+    again = charge(app, dict(event, received_at="2026-01-01T10:05:00Z"))
+    check(again == first and calls["charge"] == 1 and effects(admin, "charge") == 1,
+          "consumer: a redelivery (a field outside payload_validation differs) returns the stored result,"
+          " the function does not run", f"{again} {calls}")
+    e = raises(IdempotencyPayloadMismatchError, lambda: charge(app, dict(event, amount=1300)))
+    check(isinstance(e, IdempotencyPayloadMismatchError) and e.key == "o-1" and calls["charge"] == 1
+          and effects(admin, "charge") == 1,
+          "consumer: the same key with another amount raises IdempotencyPayloadMismatchError", repr(e))
+    check(app.info.transaction_status == psycopg.pq.TransactionStatus.IDLE,
+          "consumer: the connection is left idle (committed), not in a transaction",
+          str(app.info.transaction_status))
+
+
+def check_paths_tenants_results(check, admin, app):
+    message = {"Records": [{"queue": "orders-queue", "body": {"message_id": "m-1"}}]}
+    r1, r2 = consume(app, message), consume(app, message)
+    rec = record(admin, "orders-queue", "m-1")
+    check(r1 is None and r2 is None and calls["consume"] == 1 and rec is not None and rec[1] == {"result": None},
+          "consumer: a key path with an index (Records[0].body.message_id), the tenant from the event,"
+          " a None result stored and replayed as None", f"{r1} {r2} {calls} {rec}")
+    other = {"Records": [{"queue": "refunds-queue", "body": {"message_id": "m-1"}}]}
+    consume(app, other)
+    check(calls["consume"] == 2 and effects(admin, "consume", "m-1") == 2,
+          "consumer: the same key under another tenant is another operation", f"{calls}")
+
+    job = Job(7, {"n": 1})
+    a, b = run_job(job, app), run_job(Job(7, {"n": 1}), app, attempt=2)
+    check(a == b == {"job": 7, "payload": {"n": 1}} and calls["run_job"] == 1,
+          "consumer: a key function over a dataclass event, named event and connection arguments",
+          f"{a} {b} {calls}")
+    e = raises(IdempotencyPayloadMismatchError, lambda: run_job(Job(7, {"n": 2}), app))
+    check(e is not None and calls["run_job"] == 1,
+          'consumer: payload_validation="*" compares the whole event', repr(e))
+    before = effects(admin, "run_job")
+    run_job(Job(None, {}), app)
+    run_job(Job(None, {}), app)
+    check(calls["run_job"] == 3 and effects(admin, "run_job") == before + 2
+          and record(admin, "jobs", "job-None") is None,
+          "consumer: key_required=False runs an event without a key untouched, every time, storing nothing",
+          f"{calls}")
+
+    @idempotent_function(key="id", tenant="strict")
+    def strict(conn, event):
+        ran("strict")
+
+    e = raises(IdempotencyKeyError, lambda: strict(app, {"no_id": 1}))
+    check(isinstance(e, IdempotencyKeyError) and "strict" not in calls,
+          "consumer: an event without its key raises IdempotencyKeyError, the function does not run", repr(e))
+    e = raises(IdempotencyKeyError, lambda: strict(app, {"id": "k" * 256}))
+    check(isinstance(e, IdempotencyKeyError) and "256 bytes" in str(e) and "strict" not in calls,
+          "consumer: a key over 255 bytes raises IdempotencyKeyError before any claim", repr(e))
+    e = raises(ValueError, lambda: idempotent_function(key="a..b")(lambda conn, event: None))
+    check(e is not None, "consumer: an invalid field path is refused when the function is decorated", repr(e))
+    e = raises(TypeError, lambda: strict("not a connection", {"id": "x"}))
+    check(e is not None and "psycopg.Connection" in str(e), "consumer: calling without a connection is a TypeError",
+          repr(e))
+
+
+def check_failures(check, admin, app):
+    event = {"order_id": "o-fail", "amount": 5, "fail": True}
+    e = raises(RuntimeError, lambda: charge(app, event))
+    check(e is not None and effects(admin, "charge", "o-fail") == 0 and record(admin, "billing", "o-fail") is None,
+          "consumer: the function raises after its insert: insert and claim rolled back, the exception propagates",
+          f"{e!r} {record(admin, 'billing', 'o-fail')}")
+    before = calls["charge"]
+    result = charge(app, dict(event, fail=False))
+    check(result == {"charged": 5, "currency": "EUR"} and calls["charge"] == before + 1
+          and effects(admin, "charge", "o-fail") == 1,
+          "consumer: the redelivery runs the function again, once", f"{result} {calls}")
+
+    n = effects(admin, "unserializable")
+    e = raises(TypeError, lambda: unserializable(app, {"id": "u-1"}))
+    check(e is not None and effects(admin, "unserializable") == n and record(admin, "unserializable", "u-1") is None,
+          "consumer: a result that is not JSON raises TypeError and rolls back the function's writes", repr(e))
+
+    admin.execute("SELECT idem_release('billing', 'o-failed', token, failure => '{\"error\": \"declined\"}')"
+                  " FROM idem_claim('billing', 'o-failed')")
+    before = calls["charge"]
+    e = raises(IdempotencyStoredFailureError, lambda: charge(app, {"order_id": "o-failed", "amount": 1}))
+    check(isinstance(e, IdempotencyStoredFailureError) and e.failure == {"error": "declined"}
+          and calls["charge"] == before,
+          "consumer: a key settled as a failure raises IdempotencyStoredFailureError with the stored failure",
+          repr(e))
+
+
+def check_in_progress(check, admin, app, app_dsn):
+    holder = psycopg.connect(app_dsn)
+    try:
+        holder.execute("SELECT idem_claim('billing', 'o-busy')")     # held, uncommitted
+        before = calls["charge"]
+        e = raises(IdempotencyInProgressError, lambda: charge(app, {"order_id": "o-busy", "amount": 3}))
+        check(isinstance(e, IdempotencyInProgressError) and calls["charge"] == before,
+              "consumer: a key another transaction holds raises IdempotencyInProgressError", repr(e))
+        holder.rollback()
+        result = charge(app, {"order_id": "o-busy", "amount": 3})
+        check(result == {"charged": 3, "currency": "EUR"} and calls["charge"] == before + 1,
+              "consumer: once the holder rolled back, the next delivery runs", f"{result}")
+
+        # wait: a duplicate waits for the holder and returns what it stored
+        (token,) = holder.execute("SELECT token FROM idem_claim('slow', 'w-1')").fetchone()
+        timer = threading.Timer(0.3, lambda: (holder.execute(
+            "SELECT idem_complete('slow', 'w-1', %s, '{\"result\": {\"done\": \"by the holder\"}}')",
+            (token,)), holder.commit()))
+        timer.start()
+        result = slow(app, {"id": "w-1"})
+        timer.join()
+        check(token is not None and result == {"done": "by the holder"} and "slow" not in calls,
+              "consumer: with wait, a duplicate waits for the holder and returns its stored result", f"{result}")
+    finally:
+        holder.close()
+
+
+def check_caller_transaction(check, admin, app):
+    """The caller has a transaction open: the decorator works in a savepoint
+    and the caller's commit or rollback decides for the claim too."""
+    before = calls["charge"]
+    app.execute("SELECT 1")                                     # the caller's transaction begins
+    charge(app, {"order_id": "o-outer", "amount": 9})
+    app.rollback()
+    check(calls["charge"] == before + 1 and record(admin, "billing", "o-outer") is None
+          and effects(admin, "charge", "o-outer") == 0,
+          "consumer: inside the caller's transaction, the caller's rollback undoes the claim and the writes",
+          f"{calls}")
+    app.execute("SELECT 1")
+    result = charge(app, {"order_id": "o-outer", "amount": 9})
+    in_tx = app.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    app.commit()
+    rec = record(admin, "billing", "o-outer")
+    check(in_tx and calls["charge"] == before + 2 and rec is not None and rec[0] == "completed"
+          and rec[1] == {"result": result} and effects(admin, "charge", "o-outer") == 1,
+          "consumer: run again in a new transaction, it is stored when the caller commits", f"{rec}")
+
+
+def check_concurrent(check, admin, app_dsn):
+    """4 deliveries of each of 5 keys at once, each on its own connection:
+    with wait, one execution per key and every delivery gets its result."""
+    keys, copies = 5, 4         # 20 connections: the contract's server allows 40 in all
+    barrier = threading.Barrier(keys * copies, timeout=30)
+
+    def deliver(k):
+        with psycopg.connect(app_dsn) as conn:
+            barrier.wait()
+            return k, slow(conn, {"id": f"c-{k}"})
+
+    calls["slow"] = 0
+    with ThreadPoolExecutor(keys * copies) as pool:
+        results = list(pool.map(deliver, [k for k in range(keys) for _ in range(copies)]))
+    wrong = [(k, r) for k, r in results if r != {"done": f"c-{k}"}]
+    counts = [effects(admin, "slow", f"c-{k}") for k in range(keys)]
+    check(not wrong and calls["slow"] == keys and counts == [1] * keys,
+          f"consumer: {keys} keys x {copies} concurrent deliveries: one execution per key, every delivery"
+          " returns its result", f"{calls['slow']} executions, rows {counts}, wrong {wrong[:3]}")
+
+
+async def check_async(check, admin, app_dsn):
+    conn = await psycopg.AsyncConnection.connect(app_dsn)
+    try:
+        first = await charge_async(conn, {"id": "a-1", "amount": 40})
+        again = await charge_async(conn, {"id": "a-1", "amount": 40})
+        check(first == again == {"charged": 40} and calls["charge_async"] == 1
+              and effects(admin, "charge_async", "a-1") == 1,
+              "consumer (async): an async function on an AsyncConnection runs once, then replays",
+              f"{first} {again} {calls}")
+        try:
+            await charge_async(conn, {"id": "a-1", "amount": 41})
+            e = None
+        except IdempotencyPayloadMismatchError as exc:
+            e = exc
+        check(e is not None, "consumer (async): another amount under the key raises the mismatch")
+        try:
+            await charge_async(conn, {"id": "a-2", "amount": 1, "fail": True})
+            e = None
+        except RuntimeError as exc:
+            e = exc
+        check(e is not None and effects(admin, "charge_async", "a-2") == 0 and record(admin, "async", "a-2") is None,
+              "consumer (async): a raise rolls back the insert and the claim", repr(e))
+        result = await charge_async(conn, {"id": "a-2", "amount": 1})
+        check(result == {"charged": 1} and effects(admin, "charge_async", "a-2") == 1,
+              "consumer (async): the retry runs once", f"{result}")
+    finally:
+        await conn.close()
