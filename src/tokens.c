@@ -21,6 +21,17 @@
  * written about every ten seconds, not for every claim.  After a restart
  * the first token of a database starts above the mark.
  *
+ * No token leaves this file before the WAL record of the mark that covers
+ * it is flushed: the claim's own commit may come later, be asynchronous or
+ * never come (the token may already be in another system's hands), and a
+ * crash that lost the mark would let a restart with the clock stepped back
+ * hand out lower tokens.  A mark is published in the slot only once it is
+ * flushed, so a token covered by the slot needs no flush of its own; the
+ * flush happens when the mark moves, about every ten seconds per database.
+ *
+ * Token arithmetic never wraps: at the top of bigint tokens are refused
+ * (22003, numeric_value_out_of_range) before anything is written.
+ *
  * Without shared memory (the library not preloaded) every token reads and
  * advances the mark itself.  With the 1.0 SQL objects (no sequence until
  * ALTER EXTENSION idempotency UPDATE) tokens follow the clock, forced to
@@ -30,7 +41,10 @@
 
 #include "access/relation.h"
 #include "access/xact.h"
+#include "access/xlog.h"
+#include "common/int.h"
 #include "miscadmin.h"
+#include "storage/bufmgr.h"
 #include "storage/ipc.h"
 #include "storage/lmgr.h"
 #include "storage/lwlock.h"
@@ -54,7 +68,8 @@ typedef struct TokenSlot
 	Oid			dbid;			/* InvalidOid: free */
 	Oid			sequence;		/* the mark this slot was loaded from */
 	int64		last;			/* last token handed out */
-	int64		mark;			/* durable: idempotency_tokens is at least this */
+	int64		mark;			/* durable (flushed): idempotency_tokens is at
+								 * least this */
 } TokenSlot;
 
 typedef struct TokenShared
@@ -115,6 +130,26 @@ clock_token(TimestampTz now)
 	return Max((int64) now, 1);
 }
 
+/*
+ * n fresh tokens do not fit above last: refuse before anything is written
+ * (or, in shared memory, moved).
+ */
+static void
+refuse_fresh_tokens(int64 last, int n)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+			 errmsg("no fresh fencing token is left in this database"),
+			 n == 1 ?
+			 errdetail("A fresh token must be at least the last token handed out, "
+					   INT64_FORMAT ", plus two, and that is above the largest bigint, "
+					   INT64_FORMAT ".", last, PG_INT64_MAX) :
+			 errdetail("A batch's fresh tokens must start at least two above the last "
+					   "token handed out, " INT64_FORMAT ", and %d tokens two apart "
+					   "from there pass the largest bigint, " INT64_FORMAT ".",
+					   last, n, PG_INT64_MAX)));
+}
+
 /* 1.0 objects: the clock, forced to increase within this backend. */
 static int64
 backend_clock_token(TimestampTz now)
@@ -122,10 +157,39 @@ backend_clock_token(TimestampTz now)
 	static int64 last_token = 0;
 	int64		token = clock_token(now);
 
-	if (token <= last_token)
-		token = last_token + 1;
+	if (token <= last_token &&
+		pg_add_s64_overflow(last_token, 1, &token))
+		refuse_fresh_tokens(last_token, 1);
 	last_token = token;
 	return token;
+}
+
+/*
+ * The LSN of the sequence's last change.  Read after its value, it covers
+ * the change that value came from: WAL flushed up to it makes the value
+ * survive a crash.
+ */
+static XLogRecPtr
+sequence_change_lsn(Relation rel)
+{
+	Buffer		buffer;
+	XLogRecPtr	lsn;
+
+	if (!RelationNeedsWAL(rel))
+		return InvalidXLogRecPtr;
+	buffer = ReadBuffer(rel, 0);
+	LockBuffer(buffer, BUFFER_LOCK_SHARE);
+	lsn = PageGetLSN(BufferGetPage(buffer));
+	UnlockReleaseBuffer(buffer);
+	return lsn;
+}
+
+/* Wait until the WAL up to lsn is on disk (at once if it already is). */
+static void
+make_durable(XLogRecPtr lsn)
+{
+	if (!XLogRecPtrIsInvalid(lsn))
+		XLogFlush(lsn);
 }
 
 /*
@@ -155,10 +219,11 @@ mark_write(Oid sequence, int64 mark)
 
 /*
  * Read the mark (new_mark = 0) or move it to new_mark, as the sequence's
- * owner.  Returns the mark read, or new_mark.
+ * owner.  Returns the mark read, or new_mark, and sets *lsn to the WAL
+ * position that must be flushed before a token it covers is handed out.
  */
 static int64
-mark_as_owner(Oid sequence, int64 new_mark)
+mark_as_owner(Oid sequence, int64 new_mark, XLogRecPtr *lsn)
 {
 	Relation	rel = relation_open(sequence, AccessShareLock);
 	Oid			owner = rel->rd_rel->relowner;
@@ -166,7 +231,6 @@ mark_as_owner(Oid sequence, int64 new_mark)
 	int			save_sec_context;
 	volatile int64 mark = new_mark;
 
-	relation_close(rel, NoLock);
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
 	SetUserIdAndSecContext(owner, save_sec_context |
 						   SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
@@ -182,59 +246,79 @@ mark_as_owner(Oid sequence, int64 new_mark)
 		SetUserIdAndSecContext(save_userid, save_sec_context);
 	}
 	PG_END_TRY();
+	*lsn = sequence_change_lsn(rel);
+	relation_close(rel, NoLock);
 	return mark;
 }
 
 static int64
-read_mark(Oid sequence)
+read_mark(Oid sequence, XLogRecPtr *lsn)
 {
-	return mark_as_owner(sequence, 0);
+	return mark_as_owner(sequence, 0, lsn);
 }
 
 static void
-write_mark(Oid sequence, int64 mark)
+write_mark(Oid sequence, int64 mark, XLogRecPtr *lsn)
 {
-	(void) mark_as_owner(sequence, mark);
+	(void) mark_as_owner(sequence, mark, lsn);
 }
 
 /*
  * The next tokens after last: n fresh ones (exact = 0), or exactly the
- * successor a takeover asked for.  Returns the first and sets *new_last.
- * Fresh tokens are at least the clock and last + 2, and 2 apart, so that a
- * fresh token is never an earlier token plus one: that is a takeover's.
+ * successor a takeover asked for.  Sets *first and *new_last; false (and
+ * nothing set) when fresh tokens would pass the top of bigint.  Fresh
+ * tokens are at least the clock and last + 2, and 2 apart, so that a fresh
+ * token is never an earlier token plus one: that is a takeover's.
  */
-static int64
-next_after(int64 last, TimestampTz now, int n, int64 exact, int64 *new_last)
+static bool
+next_after(int64 last, TimestampTz now, int n, int64 exact,
+		   int64 *first, int64 *new_last)
 {
-	int64		first;
+	int64		floor;
+	int64		start;
+	int64		end;
 
 	if (exact > 0)
 	{
+		*first = exact;
 		*new_last = Max(last, exact);
-		return exact;
+		return true;
 	}
-	first = Max(clock_token(now), last + 2);
-	*new_last = first + 2 * (int64) (n - 1);
-	return first;
+	if (pg_add_s64_overflow(last, 2, &floor))
+		return false;
+	start = Max(clock_token(now), floor);
+	if (pg_add_s64_overflow(start, 2 * (int64) (n - 1), &end))
+		return false;
+	*first = start;
+	*new_last = end;
+	return true;
 }
 
 /*
  * Without shared memory: read the mark and move it to the last new token,
- * one writer at a time (a self-conflicting lock on the sequence).
+ * one writer at a time (a self-conflicting lock on the sequence).  The
+ * flush comes after the lock is given back, so that concurrent claims
+ * share it; a claim covered by a mark another one wrote flushes that
+ * mark's WAL itself.
  */
 static int64
 reserve_without_slot(Oid sequence, TimestampTz now, int n, int64 exact)
 {
 	int64		mark;
-	int64		first;
-	int64		last;
+	int64		first = 0;
+	int64		last = 0;
+	XLogRecPtr	lsn;
+	bool		fits;
 
 	LockRelationOid(sequence, ShareUpdateExclusiveLock);
-	mark = read_mark(sequence);
-	first = next_after(mark, now, n, exact, &last);
-	if (last > mark)
-		write_mark(sequence, last);
+	mark = read_mark(sequence, &lsn);
+	fits = next_after(mark, now, n, exact, &first, &last);
+	if (fits && last > mark)
+		write_mark(sequence, last, &lsn);
 	UnlockRelationOid(sequence, ShareUpdateExclusiveLock);
+	if (!fits)
+		refuse_fresh_tokens(mark, n);
+	make_durable(lsn);
 	return first;
 }
 
@@ -263,12 +347,17 @@ find_slot(void)
 
 /*
  * Make sure the durable mark covers last: move it ahead by the margin,
- * one writer at a time, never backwards.
+ * one writer at a time, never backwards, and publish it in the slot only
+ * once its WAL is flushed (tokens covered by the slot's mark are handed
+ * out without a flush of their own).  At the top of bigint the mark stops
+ * at the largest bigint, which still covers last.
  */
 static void
 cover_with_mark(TokenSlot *slot, Oid sequence, int64 last)
 {
 	int64		mark;
+	int64		target;
+	XLogRecPtr	lsn;
 
 	LockRelationOid(sequence, ShareUpdateExclusiveLock);
 	LWLockAcquire(shared->lock, LW_SHARED);
@@ -276,8 +365,11 @@ cover_with_mark(TokenSlot *slot, Oid sequence, int64 last)
 	LWLockRelease(shared->lock);
 	if (mark < last)
 	{
-		mark = Max(read_mark(sequence), last + IDEM_TOKEN_MARGIN);
-		write_mark(sequence, mark);
+		if (pg_add_s64_overflow(last, IDEM_TOKEN_MARGIN, &target))
+			target = PG_INT64_MAX;
+		mark = Max(read_mark(sequence, &lsn), target);
+		write_mark(sequence, mark, &lsn);
+		make_durable(lsn);
 		LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 		if (slot->sequence == sequence && slot->mark < mark)
 			slot->mark = mark;
@@ -286,14 +378,20 @@ cover_with_mark(TokenSlot *slot, Oid sequence, int64 last)
 	UnlockRelationOid(sequence, ShareUpdateExclusiveLock);
 }
 
-/* A slot not loaded from this sequence starts above its mark. */
+/*
+ * A slot not loaded from this sequence starts above its mark.  The mark is
+ * flushed before it is published (whoever moved it last may not have
+ * flushed it: an older library, or the owner's own setval).
+ */
 static void
 load_slot(TokenSlot *slot, Oid sequence)
 {
 	int64		mark;
+	XLogRecPtr	lsn;
 
 	LockRelationOid(sequence, ShareUpdateExclusiveLock);
-	mark = read_mark(sequence);
+	mark = read_mark(sequence, &lsn);
+	make_durable(lsn);
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	if (slot->dbid == MyDatabaseId && slot->sequence != sequence)
 	{
@@ -306,19 +404,21 @@ load_slot(TokenSlot *slot, Oid sequence)
 }
 
 /*
- * Reserve tokens (see next_after) and return the first.  The caller is
- * about to write a record with them, so a read-only transaction fails here
- * exactly as that INSERT would.
+ * Reserve tokens (see next_after) and return the first, once the mark
+ * covering them is durable.  The caller is about to write a record with
+ * them, so a read-only transaction fails here exactly as that INSERT would.
  */
 static int64
 reserve(TimestampTz now, int n, int64 exact)
 {
 	Oid			sequence = idem_store_token_sequence();
 	TokenSlot  *slot = NULL;
-	int64		first;
-	int64		last;
+	int64		before;
+	int64		first = 0;
+	int64		last = 0;
 	bool		loaded;
-	bool		covered;
+	bool		fits;
+	bool		covered = true;
 
 	Assert(n >= 1);
 	if (!OidIsValid(sequence))
@@ -344,10 +444,16 @@ reserve(TimestampTz now, int n, int64 exact)
 		load_slot(slot, sequence);
 
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	first = next_after(slot->last, now, n, exact, &last);
-	slot->last = last;
-	covered = slot->mark >= last;
+	before = slot->last;
+	fits = next_after(before, now, n, exact, &first, &last);
+	if (fits)
+	{
+		slot->last = last;
+		covered = slot->mark >= last;
+	}
 	LWLockRelease(shared->lock);
+	if (!fits)
+		refuse_fresh_tokens(before, n);
 
 	if (!covered)
 		cover_with_mark(slot, sequence, last);
@@ -373,10 +479,20 @@ idem_fresh_token(TimestampTz now)
 /*
  * The token after old, for a takeover (or a release that hands the record
  * on): old + 1, with every later fresh token kept above it, even when old
- * was never handed out here (a record written around the functions).
+ * was never handed out here (a record written around the functions).  The
+ * largest bigint has no successor: refused before anything is written.
  */
 int64
 idem_successor_token(TimestampTz now, int64 old)
 {
-	return reserve(now, 1, old + 1);
+	int64		successor;
+
+	if (pg_add_s64_overflow(old, 1, &successor))
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("fencing token " INT64_FORMAT " has no successor", old),
+				 errdetail("A claim that takes a key over, or a release that hands it on, "
+						   "gets the old token plus one, and " INT64_FORMAT
+						   " is the largest bigint.", PG_INT64_MAX)));
+	return reserve(now, 1, successor);
 }
