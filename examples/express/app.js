@@ -12,7 +12,7 @@
  */
 const express = require('express');
 const pg = require('pg');
-const { idempotency } = require('./idempotency');
+const { idempotency } = require('idempotency-pg');
 
 const TEST_HOOKS = process.env.LEDGER_TEST_HOOKS === '1';
 const pool = new pg.Pool({

@@ -2,8 +2,6 @@
 // Only the shapes used here are declared, so neither express's nor pg's types
 // need to be installed.
 
-import type { IncomingMessage } from 'node:http';
-
 /** The part of a pg.Pool, pg.Client or pool client the package uses. */
 export interface Queryable {
   query(text: string, values?: unknown[]): Promise<{ rows: any[] }>;
@@ -87,5 +85,5 @@ export function canonicalJson(value: unknown): string;
 export function parseIdempotencyKey(values: string[] | undefined): string;
 
 /** The fingerprint the middleware stores: sha256 of method, path with query and canonical body. */
-export function requestFingerprint(req: IncomingMessage & { originalUrl: string; body?: unknown }): string;
+export function requestFingerprint(req: { method: string; originalUrl: string; body?: unknown }): string;
 

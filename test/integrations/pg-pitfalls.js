@@ -1,10 +1,10 @@
 'use strict';
-// The two node-postgres behaviours docs/integrations.md and examples/express
+// The two node-postgres behaviours docs/integrations.md and integrations/node
 // rely on, observed on a real server (PG* environment variables):
 //  - a bigint arrives as a string (the token must not go through Number);
 //  - a JavaScript array given as a jsonb parameter is sent as a PostgreSQL
 //    array literal and rejected (22P02) unless JSON.stringify-ed.
-// Prints one JSON line for test/suites/77-express to check.
+// Prints one JSON line for test/suites/77-node to check.
 const pg = require('pg');
 
 (async () => {
