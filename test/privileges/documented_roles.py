@@ -316,7 +316,7 @@ def app_runs_readme_multistep(P, own, repo):
     Returns a list of problems."""
     import subprocess
     blocks = [b for b in sql_blocks(os.path.join(repo, 'README.md'))
-              if 'idem_checkpoint(' in b and 'idem_child_key(' in b]
+              if "idem_checkpoint('" in b and "idem_child_key('" in b]        # calls, not GRANT lines
     if len(blocks) != 1:
         return ['README.md has %d ```sql blocks with idem_checkpoint and idem_child_key (want 1)' % len(blocks)]
     block = blocks[0]
