@@ -477,9 +477,9 @@ idem_fresh_token(TimestampTz now)
 }
 
 /*
- * The token after old, for a takeover (or a release that hands the record
- * on): old + 1, with every later fresh token kept above it, even when old
- * was never handed out here (a record written around the functions).  The
+ * The token after old, for a takeover (or a release without a failure):
+ * old + 1, with every later fresh token kept above it, even when old was
+ * never handed out here (a record written around the functions).  The
  * largest bigint has no successor: refused before anything is written.
  */
 int64
@@ -491,8 +491,8 @@ idem_successor_token(TimestampTz now, int64 old)
 		ereport(ERROR,
 				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
 				 errmsg("fencing token " INT64_FORMAT " has no successor", old),
-				 errdetail("A claim that takes a key over, or a release that hands it on, "
-						   "gets the old token plus one, and " INT64_FORMAT
-						   " is the largest bigint.", PG_INT64_MAX)));
+				 errdetail("A takeover, or a release without a failure, needs the old "
+						   "token plus one, and " INT64_FORMAT " is the largest bigint.",
+						   PG_INT64_MAX)));
 	return reserve(now, 1, successor);
 }
