@@ -1,0 +1,24 @@
+// idempotency.example/idempotency is a placeholder module path: replace it
+// with the repository's real host (e.g. github.com/<owner>/idempotency/integrations/go)
+// when the project is published.
+module idempotency.example/idempotency
+
+go 1.19
+
+// The package itself uses the standard library only (database/sql); pgx is
+// the driver of its tests and of the example server.  The versions are
+// those of Debian bookworm's golang-*-dev packages, which the tests build
+// from (vendor-debian.sh).
+require github.com/jackc/pgx/v4 v4.15.0
+
+require (
+	github.com/jackc/chunkreader/v2 v2.0.1 // indirect
+	github.com/jackc/pgconn v1.11.0 // indirect
+	github.com/jackc/pgio v1.0.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgproto3/v2 v2.2.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20200714003250-2b9c44734f2b // indirect
+	github.com/jackc/pgtype v1.10.0 // indirect
+	golang.org/x/crypto v0.4.0 // indirect
+	golang.org/x/text v0.7.0 // indirect
+)

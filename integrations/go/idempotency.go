@@ -1,0 +1,479 @@
+// Package idempotency is net/http middleware for the idempotency PostgreSQL
+// extension: a handler runs at most once per (tenant, Idempotency-Key), and
+// its writes, the claim and the stored response are ONE database
+// transaction, committed before a byte of the answer is sent.
+//
+//	BEGIN; idem_claim(tenant, key, fingerprint)
+//	  claimed      the handler runs with the transaction (FromContext); its
+//	               answer is stored (idem_complete, or idem_release with the
+//	               failure for a 4xx) and COMMITted, then sent
+//	  replay       the stored status and body, Idempotent-Replayed: true
+//	  failed       the stored failure,          Idempotent-Replayed: true
+//	  in_progress  409 + Retry-After: 1
+//	  mismatch     422 (the key was used for another request)
+//
+// A handler that panics or answers 5xx is rolled back: its writes and the
+// claim go together, nothing is stored, and a retry runs again.
+//
+// Byte-identical replays: the body sent is the stored jsonb as PostgreSQL
+// prints it, read back by the statement that stores it, for the first
+// answer as for every replay.
+//
+// The package uses database/sql only; any PostgreSQL driver works (the
+// tests and the example use pgx's github.com/jackc/pgx/v4/stdlib).
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"runtime/debug"
+	"strings"
+)
+
+// MaxIdentifierBytes is the extension's limit on a tenant id and a key.
+const MaxIdentifierBytes = 255
+
+// Config configures Middleware.
+type Config struct {
+	// DB is the database with the extension (required).
+	DB *sql.DB
+	// Tenant says whose key this is: return the authenticated principal's
+	// id.  Default: the X-Client-Id header (a stand-in for authentication).
+	Tenant func(r *http.Request) (string, error)
+	// Lease and TTL are intervals for idem_claim ("30 seconds", "1 day");
+	// empty means the server's settings.
+	Lease, TTL string
+	// OptionalKey lets a request without an Idempotency-Key header through
+	// untouched: no claim, no transaction, FromContext reports false.  A
+	// header that is present but invalid is still refused (400).  Default
+	// false: a missing key is a 400.
+	OptionalKey bool
+	// MaxBodyBytes bounds the request body read for the fingerprint
+	// (default 1 MiB); a larger body is refused with 413 before any claim.
+	MaxBodyBytes int64
+	// Logger receives the errors the client only sees as a 500 (default log.Default()).
+	Logger *log.Logger
+}
+
+// Claim is what the one request that runs the handler gets from FromContext.
+type Claim struct {
+	Tenant string
+	Key    string
+	Token  int64   // the fencing token (a bigint: exact in int64)
+	Tx     *sql.Tx // the claim's transaction: write through it; never Commit or Rollback it
+}
+
+type claimContextKey struct{}
+
+// FromContext returns the claim of a request the middleware let through to
+// the handler, and false for a request without a key under OptionalKey.
+func FromContext(ctx context.Context) (*Claim, bool) {
+	c, ok := ctx.Value(claimContextKey{}).(*Claim)
+	return c, ok
+}
+
+// Headers the stored document leaves out: they are set when it is sent.
+var notStoredHeaders = map[string]bool{"Content-Length": true, "Content-Type": true, "Etag": true,
+	"Date": true, "Connection": true, "Keep-Alive": true, "Transfer-Encoding": true}
+
+// bodyText is the body to send, as PostgreSQL prints the stored jsonb (the
+// whole document if it is not one of ours).
+func bodyText(expr string) string {
+	return fmt.Sprintf("coalesce(%s->'body', %s)::text", expr, expr)
+}
+
+// refusal is a 400 answered before any claim.
+type refusal struct{ title, detail string }
+
+func (r *refusal) Error() string { return r.title }
+
+// Middleware returns the middleware for cfg; it panics when cfg.DB is nil,
+// a programming error found at start-up.
+func Middleware(cfg Config) func(http.Handler) http.Handler {
+	if cfg.DB == nil {
+		panic("idempotency.Middleware needs Config.DB.")
+	}
+	if cfg.Tenant == nil {
+		cfg.Tenant = func(r *http.Request) (string, error) { return r.Header.Get("X-Client-Id"), nil }
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 1 << 20
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = log.Default()
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			serve(cfg, next, w, r)
+		})
+	}
+}
+
+func serve(cfg Config, next http.Handler, w http.ResponseWriter, r *http.Request) {
+	keyHeaders := r.Header.Values("Idempotency-Key")
+	if cfg.OptionalKey && len(keyHeaders) == 0 {
+		next.ServeHTTP(w, r)
+		return
+	}
+	tenant, err := cfg.Tenant(r)
+	if err != nil {
+		cfg.Logger.Printf("idempotency: the tenant function failed: %v", err)
+		problem(w, http.StatusInternalServerError, "internal error", "Nothing was stored; retrying with the same key is safe.")
+		return
+	}
+	if err := checkIdentifier(tenant, "the tenant"); err != nil {
+		problem(w, http.StatusBadRequest, err.title, err.detail)
+		return
+	}
+	key, refused := ParseIdempotencyKey(keyHeaders)
+	if refused != nil {
+		var rf *refusal
+		errors.As(refused, &rf)
+		problem(w, http.StatusBadRequest, rf.title, rf.detail)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, cfg.MaxBodyBytes+1))
+	if err != nil {
+		problem(w, http.StatusBadRequest, "the request body could not be read", "")
+		return
+	}
+	if int64(len(body)) > cfg.MaxBodyBytes {
+		problem(w, http.StatusRequestEntityTooLarge, "the request body is too large",
+			fmt.Sprintf("The limit is %d bytes.", cfg.MaxBodyBytes))
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+
+	// The request's context: if the client goes away, database/sql rolls the
+	// transaction back, so a handler still running cannot commit anything.
+	ctx := r.Context()
+	tx, err := cfg.DB.BeginTx(ctx, nil)
+	if err != nil {
+		internalError(cfg, w, fmt.Errorf("beginning the transaction: %w", err))
+		return
+	}
+	var outcome string
+	var token sql.NullInt64
+	var response, answer sql.NullString
+	err = tx.QueryRowContext(ctx,
+		`SELECT outcome, token, response::text, `+bodyText("response")+`
+		   FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval)`,
+		tenant, key, Fingerprint(r.Method, r.URL.RequestURI(), body), nullable(cfg.Lease), nullable(cfg.TTL),
+	).Scan(&outcome, &token, &response, &answer)
+	if err == nil && outcome != "claimed" {
+		err = tx.Commit()
+	}
+	if err != nil {
+		_ = tx.Rollback()
+		internalError(cfg, w, fmt.Errorf("claiming the key: %w", err))
+		return
+	}
+	switch outcome {
+	case "claimed":
+	case "replay", "failed":
+		sendStored(w, response.String, answer.String, true)
+		return
+	case "in_progress":
+		w.Header().Set("Retry-After", "1")
+		problem(w, http.StatusConflict, "a request with this Idempotency-Key is still being processed",
+			"Retry later with the same key.")
+		return
+	default: // mismatch
+		problem(w, http.StatusUnprocessableEntity, "this Idempotency-Key was used for a different request",
+			"A key must not be reused with another payload.")
+		return
+	}
+
+	// claimed: this request, and only this one, runs the handler
+	claim := &Claim{Tenant: tenant, Key: key, Token: token.Int64, Tx: tx}
+	held := &heldAnswer{header: http.Header{}}
+	if !runHandler(cfg, next, held, r.WithContext(context.WithValue(ctx, claimContextKey{}, claim))) {
+		_ = tx.Rollback()
+		problem(w, http.StatusInternalServerError, "internal error", "Nothing was stored; retrying with the same key is safe.")
+		return
+	}
+	if held.status >= 500 {
+		_ = tx.Rollback() // writes and claim go together; a retry runs again
+		held.sendAsIs(w)
+		return
+	}
+	document, err := storedDocument(held)
+	if err == nil {
+		fn := "idem_complete($1, $2, $3, response => d.r)"
+		if held.status >= 400 {
+			fn = "idem_release($1, $2, $3, failure => d.r)"
+		}
+		// store it, and read back what was stored: the answer is rendered from that
+		err = tx.QueryRowContext(ctx,
+			`SELECT d.r::text, `+bodyText("d.r")+` FROM (SELECT $4::jsonb) AS d(r), `+fn,
+			tenant, key, token.Int64, string(document)).Scan(&response, &answer)
+	}
+	if err == nil {
+		err = tx.Commit()
+	}
+	if err != nil {
+		_ = tx.Rollback()
+		internalError(cfg, w, fmt.Errorf("storing the answer: %w", err))
+		return
+	}
+	sendStored(w, response.String, answer.String, false)
+}
+
+// runHandler runs the handler into held; false when it panicked (logged).
+func runHandler(cfg Config, next http.Handler, held *heldAnswer, r *http.Request) (ok bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			if p == http.ErrAbortHandler {
+				panic(p) // the handler asked to abort the connection: roll back happens via the context
+			}
+			cfg.Logger.Printf("idempotency: the handler panicked, rolled back: %v\n%s", p, debug.Stack())
+			ok = false
+		}
+	}()
+	next.ServeHTTP(held, r)
+	if held.status == 0 {
+		held.status = http.StatusOK
+	}
+	return true
+}
+
+// heldAnswer is the handler's ResponseWriter: it keeps the answer until it
+// is stored and committed.
+type heldAnswer struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (h *heldAnswer) Header() http.Header { return h.header }
+
+func (h *heldAnswer) WriteHeader(status int) {
+	if h.status == 0 {
+		h.status = status
+	}
+}
+
+func (h *heldAnswer) Write(p []byte) (int, error) {
+	if h.status == 0 {
+		h.status = http.StatusOK
+	}
+	return h.body.Write(p)
+}
+
+// sendAsIs sends a 5xx answer as the handler wrote it (nothing was stored).
+func (h *heldAnswer) sendAsIs(w http.ResponseWriter) {
+	for name, values := range h.header {
+		w.Header()[name] = values
+	}
+	w.WriteHeader(h.status)
+	_, _ = w.Write(h.body.Bytes())
+}
+
+// storedDocument is the handler's answer as the document kept in
+// idempotency_records.response: {"status", "headers"?, "body" | "body_base64", "content_type"?}.
+func storedDocument(h *heldAnswer) ([]byte, error) {
+	doc := map[string]any{"status": h.status}
+	headers := map[string]any{}
+	for name, values := range h.header {
+		if notStoredHeaders[http.CanonicalHeaderKey(name)] || len(values) == 0 {
+			continue
+		}
+		if len(values) == 1 {
+			headers[strings.ToLower(name)] = values[0]
+		} else {
+			headers[strings.ToLower(name)] = values
+		}
+	}
+	if len(headers) > 0 {
+		doc["headers"] = headers
+	}
+	contentType := h.header.Get("Content-Type")
+	var parsed json.RawMessage
+	if strings.Contains(contentType, "json") && json.Valid(h.body.Bytes()) && h.body.Len() > 0 {
+		parsed = json.RawMessage(h.body.Bytes())
+		doc["body"] = parsed
+		if !strings.HasPrefix(contentType, "application/json") {
+			doc["content_type"] = contentType
+		}
+	} else {
+		doc["body_base64"] = base64.StdEncoding.EncodeToString(h.body.Bytes()) // not JSON: the exact bytes
+		if contentType == "" {
+			contentType = "application/octet-stream"
+		}
+		doc["content_type"] = contentType
+	}
+	return json.Marshal(doc)
+}
+
+// sendStored sends a stored document; body is its body as PostgreSQL printed it.
+func sendStored(w http.ResponseWriter, document, body string, replayed bool) {
+	var doc struct {
+		Status      *int            `json:"status"`
+		Headers     map[string]any  `json:"headers"`
+		BodyBase64  *string         `json:"body_base64"`
+		ContentType *string         `json:"content_type"`
+		Body        json.RawMessage `json:"body"`
+	}
+	bytesToSend := []byte(body)
+	// not one of ours, e.g. the extension's {"error": "lease_expired"} under stale_action = 'fail'
+	if err := json.Unmarshal([]byte(document), &doc); err != nil || doc.Status == nil {
+		status := http.StatusInternalServerError
+		doc.Status, doc.Headers, doc.BodyBase64, doc.ContentType = &status, nil, nil, nil
+	}
+	if doc.BodyBase64 != nil {
+		if decoded, err := base64.StdEncoding.DecodeString(*doc.BodyBase64); err == nil {
+			bytesToSend = decoded
+		}
+	}
+	for name, value := range doc.Headers {
+		switch v := value.(type) {
+		case string:
+			w.Header().Set(name, v)
+		case []any:
+			for _, item := range v {
+				if s, ok := item.(string); ok {
+					w.Header().Add(name, s)
+				}
+			}
+		}
+	}
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	contentType := "application/json"
+	if doc.ContentType != nil {
+		contentType = *doc.ContentType
+	}
+	w.Header().Set("Content-Type", contentType)
+	w.Header().Set("Content-Length", fmt.Sprint(len(bytesToSend)))
+	w.WriteHeader(*doc.Status)
+	_, _ = w.Write(bytesToSend)
+}
+
+// problem answers an RFC 7807 problem document, as the IETF Idempotency-Key draft recommends.
+func problem(w http.ResponseWriter, status int, title, detail string) {
+	doc := map[string]any{"type": "about:blank", "title": title, "status": status}
+	if detail != "" {
+		doc["detail"] = detail
+	}
+	text, _ := json.Marshal(doc)
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Content-Length", fmt.Sprint(len(text)))
+	w.WriteHeader(status)
+	_, _ = w.Write(text)
+}
+
+func internalError(cfg Config, w http.ResponseWriter, err error) {
+	cfg.Logger.Printf("idempotency: %v", err)
+	problem(w, http.StatusInternalServerError, "internal error", "Nothing was stored; retrying with the same key is safe.")
+}
+
+func nullable(interval string) any {
+	if interval == "" {
+		return nil
+	}
+	return interval
+}
+
+// checkIdentifier accepts printable ASCII of 1..255 bytes (so bytes == characters).
+func checkIdentifier(value, name string) *refusal {
+	if value == "" {
+		return &refusal{name + " must not be empty", ""}
+	}
+	if len(value) > MaxIdentifierBytes {
+		return &refusal{name + " is too long", fmt.Sprintf("%d bytes; the limit is %d.", len(value), MaxIdentifierBytes)}
+	}
+	for i := 0; i < len(value); i++ {
+		if value[i] < 0x20 || value[i] > 0x7e {
+			return &refusal{name + " must be printable ASCII", ""}
+		}
+	}
+	return nil
+}
+
+// ParseIdempotencyKey returns the key of the Idempotency-Key header's values:
+// one header, an sf-string ("abc", RFC 8941) as the IETF draft sends it or
+// bare (abc) as Stripe does, of 1..255 printable ASCII bytes.
+func ParseIdempotencyKey(values []string) (string, error) {
+	if len(values) == 0 {
+		return "", &refusal{"Idempotency-Key header is required", "Send a unique key per operation, e.g. a UUID v4."}
+	}
+	if len(values) > 1 {
+		return "", &refusal{"only one Idempotency-Key header is allowed", ""}
+	}
+	raw := strings.Trim(values[0], " \t")
+	if strings.HasPrefix(raw, `"`) {
+		unquoted, ok := parseSFString(raw)
+		if !ok {
+			return "", &refusal{"Idempotency-Key is not a valid structured-field string", ""}
+		}
+		raw = unquoted
+	}
+	if err := checkIdentifier(raw, "Idempotency-Key"); err != nil {
+		return "", err
+	}
+	return raw, nil
+}
+
+// parseSFString unquotes an RFC 8941 sf-string: "..." with \" and \\ escapes only.
+func parseSFString(s string) (string, bool) {
+	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
+		return "", false
+	}
+	var out strings.Builder
+	inner := s[1 : len(s)-1]
+	for i := 0; i < len(inner); i++ {
+		c := inner[i]
+		switch c {
+		case '\\':
+			if i+1 >= len(inner) || (inner[i+1] != '"' && inner[i+1] != '\\') {
+				return "", false
+			}
+			i++
+			out.WriteByte(inner[i])
+		case '"':
+			return "", false
+		default:
+			out.WriteByte(c)
+		}
+	}
+	return out.String(), true
+}
+
+// Fingerprint is what makes two requests "the same": a SHA-256 of the
+// method, the path with its query and the body, canonical JSON when the
+// body is JSON (object keys sorted, no spacing) and the raw bytes otherwise.
+func Fingerprint(method, requestURI string, body []byte) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s %s\n", method, requestURI)
+	h.Write(CanonicalJSON(body))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// CanonicalJSON returns body re-encoded with sorted object keys and no
+// spacing (numbers kept as written), or body itself when it is not JSON.
+func CanonicalJSON(body []byte) []byte {
+	decoder := json.NewDecoder(bytes.NewReader(body))
+	decoder.UseNumber()
+	var value any
+	if err := decoder.Decode(&value); err != nil || decoder.More() {
+		return body
+	}
+	var out bytes.Buffer
+	encoder := json.NewEncoder(&out)
+	encoder.SetEscapeHTML(false)
+	if err := encoder.Encode(value); err != nil { // encoding/json sorts map keys
+		return body
+	}
+	return bytes.TrimRight(out.Bytes(), "\n")
+}

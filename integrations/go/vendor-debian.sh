@@ -1,0 +1,57 @@
+#!/bin/sh
+# Make vendor/ from Debian's Go packages, so `go build -mod=vendor` and
+# `go test -mod=vendor` need neither the module proxy nor the network:
+#
+#   apt-get install golang-go golang-github-jackc-pgx-v4-dev
+#   ./vendor-debian.sh && go test -mod=vendor ./...
+#
+# Debian's golang-*-dev packages put their sources under /usr/share/gocode/src
+# (GOCODE=... for another tree).  The packages the module imports from
+# outside the standard library (pgx's database/sql driver) are listed with
+# all their dependencies in GOPATH mode over that tree, copied without their
+# tests, and recorded in vendor/modules.txt under the module of go.mod that
+# provides each, as `go mod vendor` would write it.  vendor/ is never
+# committed: it is made from the packages installed where the build runs.
+set -eu
+cd "$(dirname "$0")"
+gocode=${GOCODE:-/usr/share/gocode/src}
+roots="github.com/jackc/pgx/v4/stdlib"
+
+[ -d "$gocode/github.com/jackc/pgx/v4" ] || {
+	echo "vendor-debian.sh: $gocode has no github.com/jackc/pgx/v4; install golang-github-jackc-pgx-v4-dev." >&2
+	exit 1
+}
+packages=$(GO111MODULE=off GOPATH="${gocode%/src}" GOFLAGS= \
+	go list -deps -f '{{if not .Standard}}{{.ImportPath}}{{end}}' $roots)
+# go.mod's requirements, "module version" per line (in require blocks and single lines)
+modules=$(sed -n -e 's/^require \([^ (]*\) \(v[^ ]*\).*$/\1 \2/p' \
+	-e '/^require (/,/^)/s/^[[:space:]]\{1,\}\([^ ]*\) \(v[^ ]*\).*$/\1 \2/p' go.mod)
+
+rm -rf vendor
+mkdir vendor
+: >vendor/modules.txt
+echo "$modules" | while read -r module version; do
+	[ -n "$module" ] || continue
+	[ -d "$gocode/$module" ] || { echo "vendor-debian.sh: $gocode/$module is missing (its Debian -dev package?)" >&2; exit 1; }
+	goversion=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$gocode/$module/go.mod" 2>/dev/null || true)
+	echo "# $module $version" >>vendor/modules.txt
+	echo "## explicit${goversion:+; go $goversion}" >>vendor/modules.txt
+	for f in LICENSE LICENSE.md LICENSE.txt COPYING PATENTS; do
+		[ -f "$gocode/$module/$f" ] && install -D -m 644 "$gocode/$module/$f" "vendor/$module/$f"
+	done
+	for p in $packages; do
+		# the longest module path wins: p belongs here unless a longer listed module holds it
+		case "$p/" in "$module"/*) ;; *) continue ;; esac
+		owner=$(echo "$modules" | awk -v p="$p/" '{ if (index(p, $1 "/") == 1 && length($1) > best) { best = length($1); m = $1 } } END { print m }')
+		[ "$owner" = "$module" ] || continue
+		mkdir -p "vendor/$p"
+		find "$gocode/$p" -maxdepth 1 -type f \( -name '*.go' -o -name '*.s' -o -name '*.h' -o -name '*.c' \) \
+			! -name '*_test.go' -exec cp {} "vendor/$p/" \;
+		echo "$p" >>vendor/modules.txt
+	done
+done
+# every imported package must have been placed under one of go.mod's modules
+for p in $packages; do
+	[ -d "vendor/$p" ] || { echo "vendor-debian.sh: no module of go.mod provides $p; add it to go.mod's require." >&2; exit 1; }
+done
+echo "vendor-debian.sh: $(echo "$packages" | wc -w) packages from $gocode into vendor/"
