@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Compare the results of two runs of PostgreSQL's regression schedule, test
+file by test file, for test/suites/12-pg-regress.
+
+    compare.py SCHEDULE REFERENCE_RESULTS OTHER_RESULTS MODE MAJOR EXPLAINED
+
+REFERENCE_RESULTS is results/ of the run without the library (mode plain),
+OTHER_RESULTS that of MODE (preload or extension) on the same server.  Every
+test the schedule lists is one check: it passes when the two .out files are
+identical, or when every line that differs is explained by an entry of the
+file EXPLAINED (test/pg-regress/explained-differences: its format is
+described there) that applies to MODE, MAJOR and that test.  PostgreSQL's own
+expected/ files are never used: they depend on build options, locale and
+minor version, while two runs on one server differ only by what the library
+does.  Tests the schedule marks `ignore:` (their output may differ between
+any two runs) are compared and shown, never counted.
+
+Prints one line per test (ok / FAIL / ignored), the unexplained lines of
+each failure, and last `compared: N passed, M failed`.  Exit status 1 when
+M > 0.
+"""
+import difflib
+import os
+import re
+import sys
+
+SHOW = 40          # unexplained lines shown per failing test
+
+
+def schedule_tests(path):
+    tests, ignored = [], set()
+    with open(path) as f:
+        for line in f:
+            line = line.split("#")[0].strip()
+            if line.startswith("test:"):
+                tests.extend(line[5:].split())
+            elif line.startswith("ignore:"):
+                ignored.update(line[7:].split())
+    return tests, ignored
+
+
+def parse_explained(path):
+    """Entries: (modes, majors, tests, [(sign, kind, text)], where)."""
+    entries, cur = [], None
+    with open(path) as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.rstrip("\n")
+            if line.startswith("#") or not line.strip():
+                continue
+            m = re.match(r"^\[(.*)\]$", line)
+            if m:
+                fields = dict(kv.split("=", 1) for kv in m.group(1).split())
+                unknown = set(fields) - {"mode", "major", "test"}
+                if unknown or "mode" not in fields or "test" not in fields:
+                    sys.exit("%s:%d: a header needs mode= and test= (and may have major=)" % (path, n))
+                cur = (set(fields["mode"].split(",")),
+                       set(fields.get("major", "*").split(",")),
+                       set(fields["test"].split(",")), [], "%s:%d" % (path, n))
+                entries.append(cur)
+                continue
+            if cur is None:
+                sys.exit("%s:%d: a difference line before any [header]" % (path, n))
+            m = re.match(r"^(~?)([-+])(.*)$", line)
+            if not m:
+                sys.exit("%s:%d: a difference line must start with -, +, ~- or ~+" % (path, n))
+            kind, sign, text = m.groups()
+            cur[3].append((sign, "regex" if kind else "exact",
+                           re.compile(text) if kind else text))
+    return entries
+
+
+def differing_lines(ref, other):
+    """The lines only in ref ('-') and only in other ('+'), in diff order."""
+    out = []
+    sm = difflib.SequenceMatcher(None, ref, other, autojunk=False)
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal":
+            continue
+        out.extend(("-", l) for l in ref[i1:i2])
+        out.extend(("+", l) for l in other[j1:j2])
+    return out
+
+
+def explain(diff, patterns):
+    """Remove from diff the lines the patterns explain; each pattern line
+    explains exactly one differing line.  Returns the unexplained ones."""
+    left = list(diff)
+    for sign, kind, pat in patterns:
+        for k, (s, l) in enumerate(left):
+            if s == sign and (l == pat if kind == "exact" else pat.fullmatch(l)):
+                del left[k]
+                break
+    return left
+
+
+def read(path):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read().split("\n")
+
+
+def main():
+    schedule, ref_dir, other_dir, mode, major, explained = sys.argv[1:7]
+    tests, ignored = schedule_tests(schedule)
+    entries = parse_explained(explained)
+    passed = failed = 0
+    for test in tests:
+        ref_path = os.path.join(ref_dir, test + ".out")
+        other_path = os.path.join(other_dir, test + ".out")
+        if not os.path.exists(ref_path):
+            problem = ["the reference run has no results/%s.out" % test]
+            left = None
+        elif not os.path.exists(other_path):
+            problem = ["the %s run has no results/%s.out" % (mode, test)]
+            left = None
+        else:
+            problem = []
+            diff = differing_lines(read(ref_path), read(other_path))
+            patterns = []
+            for modes, majors, etests, pats, where in entries:
+                if mode in modes and ("*" in majors or major in majors) and test in etests:
+                    patterns.extend(pats)
+            left = explain(diff, patterns)
+            if diff and not left:
+                print("ok   %s@%s %s (%d differing lines, all explained)" % (mode, major, test, len(diff)))
+            elif not diff:
+                print("ok   %s@%s %s" % (mode, major, test))
+        if problem or left:
+            if test in ignored:
+                print("ignored %s@%s %s: differs, and the schedule marks it ignore:" % (mode, major, test))
+                continue
+            failed += 1
+            if problem:
+                print("FAIL %s@%s %s: %s" % (mode, major, test, problem[0]))
+            else:
+                print("FAIL %s@%s %s: %d differing lines not explained in %s; the first:"
+                      % (mode, major, test, len(left), os.path.basename(explained)))
+                for s, l in left[:SHOW]:
+                    print("       %s%s" % (s, l))
+        elif test in ignored:
+            print("       (%s is marked ignore: in the schedule; not counted)" % test)
+        else:
+            passed += 1
+    print("compared: %d passed, %d failed" % (passed, failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
