@@ -52,7 +52,7 @@ def deliver(conn, key, body, crash_before_commit=False):
                 return "crashed"
             cur.execute("SELECT idem_complete(%s, %s, %s, %s)",
                         (TENANT, key, token,
-                         psycopg2.extras.Json({"status": 201, "payment_id": payment_id})))
+                         psycopg2.extras.Json({"status": 201, "body": {"payment_id": payment_id}})))
         conn.commit()
         return outcome
 
@@ -133,6 +133,11 @@ def main():
     time.sleep(1.2)
     setup_cur.execute("SELECT * FROM idem_sweep()")
     print(f"   idem_sweep(): expired_removed, stale_released, stale_failed = {setup_cur.fetchone()}")
+    # the background sweeper (every 2 s here) may have removed it first
+    setup_cur.execute("SELECT count(*) FROM idempotency_records WHERE tenant_id = %s AND key = 'short-lived'",
+                      (TENANT,))
+    print(f"   'short-lived' records left: {setup_cur.fetchone()[0]}"
+          " (removed by this sweep or by the background sweeper)")
     setup_cur.execute("SELECT claims, claimed, replays, in_progress, mismatches, takeovers, completes"
                       " FROM idem_stats WHERE datname = current_database()")
     cols = [d[0] for d in setup_cur.description]
