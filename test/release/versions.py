@@ -130,12 +130,12 @@ def problems(root):
 
 def placeholders(root):
     found = []
-    for rel in FILES + ('debian/control', 'debian/control.in', 'README.md'):
+    for rel in ('META.json', 'debian/control', 'debian/control.in', 'debian/changelog', 'debian/copyright'):
         path = os.path.join(root, rel)
         if not os.path.isfile(path):
             continue
         for no, line in enumerate(read(root, rel).split('\n'), 1):
-            if PLACEHOLDER in line:
+            if PLACEHOLDER in line and 'reserved domain' not in line:        # not the notes about it
                 found.append('%s:%d' % (rel, no))
     return found
 
