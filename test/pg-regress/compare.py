@@ -2,7 +2,8 @@
 """Compare the results of two runs of PostgreSQL's regression schedule, test
 file by test file, for test/suites/12-pg-regress.
 
-    compare.py SCHEDULE REFERENCE_RESULTS OTHER_RESULTS MODE MAJOR EXPLAINED
+    compare.py SCHEDULE REFERENCE_RESULTS OTHER_RESULTS MODE MAJOR EXPLAINED [DIFFS]
+    compare.py --self-test
 
 REFERENCE_RESULTS is results/ of the run without the library (mode plain),
 OTHER_RESULTS that of MODE (preload or extension) on the same server.  Every
@@ -16,8 +17,11 @@ does.  Tests the schedule marks `ignore:` (their output may differ between
 any two runs) are compared and shown, never counted.
 
 Prints one line per test (ok / FAIL / ignored), the unexplained lines of
-each failure, and last `compared: N passed, M failed`.  Exit status 1 when
-M > 0.
+the first failures (a crash fails dozens of tests at once), and last
+`compared: N passed, M failed`; DIFFS, if given, gets the unified diff of
+every failing test.  Exit status 1 when M > 0.  --self-test plants
+differences in made-up results and checks that each is reported (and that
+explained ones are not).
 """
 import difflib
 import os
@@ -25,6 +29,7 @@ import re
 import sys
 
 SHOW = 40          # unexplained lines shown per failing test
+SHOW_TESTS = 8     # failing tests shown with their lines
 
 
 def schedule_tests(path):
@@ -98,11 +103,11 @@ def read(path):
         return f.read().split("\n")
 
 
-def main():
-    schedule, ref_dir, other_dir, mode, major, explained = sys.argv[1:7]
+def compare(schedule, ref_dir, other_dir, mode, major, explained, diffs=None):
     tests, ignored = schedule_tests(schedule)
     entries = parse_explained(explained)
     passed = failed = 0
+    diff_file = open(diffs, "w") if diffs else None
     for test in tests:
         ref_path = os.path.join(ref_dir, test + ".out")
         other_path = os.path.join(other_dir, test + ".out")
@@ -131,16 +136,88 @@ def main():
             failed += 1
             if problem:
                 print("FAIL %s@%s %s: %s" % (mode, major, test, problem[0]))
-            else:
-                print("FAIL %s@%s %s: %d differing lines not explained in %s; the first:"
-                      % (mode, major, test, len(left), os.path.basename(explained)))
+                continue
+            print("FAIL %s@%s %s: %d differing lines not explained in %s%s"
+                  % (mode, major, test, len(left), os.path.basename(explained),
+                     "; the first:" if failed <= SHOW_TESTS else ""))
+            if failed <= SHOW_TESTS:
                 for s, l in left[:SHOW]:
                     print("       %s%s" % (s, l))
+            if diff_file:
+                diff_file.writelines(difflib.unified_diff(
+                    read(ref_path), read(other_path), "plain/" + test + ".out",
+                    mode + "/" + test + ".out", lineterm="\n"))
         elif test in ignored:
             print("       (%s is marked ignore: in the schedule; not counted)" % test)
         else:
             passed += 1
+    if diff_file:
+        diff_file.close()
     print("compared: %d passed, %d failed" % (passed, failed))
+    return passed, failed
+
+
+def self_test():
+    """Made-up results with planted differences: each must be reported,
+    the explained ones must not."""
+    import contextlib
+    import io
+    import tempfile
+    d = tempfile.mkdtemp()
+    ref, other = os.path.join(d, "ref"), os.path.join(d, "other")
+    os.makedirs(ref)
+    os.makedirs(other)
+    base = ["SELECT 1;", " ?column? ", "----------", "        1", "(1 row)", ""]
+    cases = {   # test: (its other output, expected verdict)
+        "same": (base, "ok"),
+        "changed": (base[:3] + ["        2"] + base[4:], "FAIL"),
+        "extra": (base + ["NOTICE:  something new"], "FAIL"),
+        "missing": (base[:1], "FAIL"),
+        "explained": (base[:4] + ["        7", "(2 rows)", ""], "ok"),
+        "regex": (base[:3] + ["    16384"] + base[4:], "ok"),
+        "twice": (base + ["WARNING:  once", "WARNING:  once"], "FAIL"),
+        "otherversion": (base + ["only on 99"], "FAIL"),
+        "noresult": (None, "FAIL"),
+        "jitter": (base + ["random"], "ignored"),
+    }
+    for t, (lines, _) in cases.items():
+        with open(os.path.join(ref, t + ".out"), "w") as f:
+            f.write("\n".join(base))
+        if lines is not None:
+            with open(os.path.join(other, t + ".out"), "w") as f:
+                f.write("\n".join(lines))
+    with open(os.path.join(d, "schedule"), "w") as f:
+        f.write("# made up\ntest: " + " ".join(t for t in cases if t != "jitter") + "\nignore: jitter\ntest: jitter\n")
+    with open(os.path.join(d, "explained"), "w") as f:
+        f.write("# made up\n[mode=extension test=explained]\n+        7\n-(1 row)\n+(2 rows)\n"
+                "[mode=extension test=regex,twice major=15]\n~-        1\n~+    [0-9]+\n+WARNING:  once\n"
+                "[mode=extension test=otherversion major=99]\n+only on 99\n"
+                "[mode=preload test=changed]\n-        1\n+        2\n")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        passed, failed = compare(os.path.join(d, "schedule"), ref, other, "extension", "15",
+                                 os.path.join(d, "explained"))
+    out = buf.getvalue()
+    wrong = []
+    for t, (_, verdict) in cases.items():
+        got = re.search(r"^(ok  |FAIL|ignored) extension@15 %s\b" % t, out, re.M)
+        if not got or got.group(1).strip() != verdict:
+            wrong.append("%s: expected %s, got %s" % (t, verdict, got.group(1) if got else "nothing"))
+    want_failed = sum(v == "FAIL" for _, v in cases.values())
+    if (passed, failed) != (len(cases) - 1 - want_failed, want_failed):
+        wrong.append("counts %d passed, %d failed" % (passed, failed))
+    for w in wrong:
+        print("self-test: " + w)
+    if wrong:
+        print(out)
+    print("self-test: %d planted cases, %s" % (len(cases), "all judged right" if not wrong else "%d judged wrong" % len(wrong)))
+    return 1 if wrong else 0
+
+
+def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
+    passed, failed = compare(*sys.argv[1:8])
     return 1 if failed else 0
 
 
