@@ -1,5 +1,5 @@
 -- A fresh claim at the top level of a READ COMMITTED transaction is written
--- once, when it settles (src/pending.c).  Nothing may be able to tell: the
+-- once, at COMMIT (src/pending.c).  Nothing may be able to tell: the
 -- transaction itself sees its processing row wherever it looks, savepoints
 -- undo exactly what they undid before, and everywhere else claims are
 -- written at once.
@@ -22,8 +22,11 @@ CREATE VIEW w_writes AS
          AS w_writes
   FROM w_counts c, w_base b;
 
--- claim + complete in one transaction: one INSERT, no UPDATE
-
+-- claim + complete in one transaction: nothing written until COMMIT, then
+-- one INSERT and no UPDATE (the table's cumulative counters, flushed)
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_ins AS ins0, n_tup_upd AS upd0 FROM pg_stat_user_tables
+ WHERE relname = 'idempotency_records' \gset
 BEGIN;
 SELECT w_mark();
 SELECT token AS t FROM idem_claim('w1', 'once') \gset
@@ -31,6 +34,9 @@ SELECT * FROM w_writes;
 SELECT idem_complete('w1', 'once', :t, '{"ok": 1}');
 SELECT * FROM w_writes;
 COMMIT;
+SELECT pg_stat_force_next_flush();
+SELECT n_tup_ins - :ins0 AS inserted, n_tup_upd - :upd0 AS updated
+  FROM pg_stat_user_tables WHERE relname = 'idempotency_records';
 SELECT status, token = :t AS same_token, response, lease_expires_at IS NULL AS no_lease,
        expires_at > now() + interval '23 hours' AS kept_for_ttl
   FROM idempotency_records WHERE tenant_id = 'w1' AND key = 'once';
@@ -71,7 +77,8 @@ SELECT status, token = :t2 AS same_token FROM idempotency_records
 SELECT idem_complete('w1', 'two-phase', :t2, '"done"');
 SELECT status, response FROM idempotency_records WHERE tenant_id = 'w1' AND key = 'two-phase';
 
--- a second claim in the same transaction, fencing, heartbeat
+-- a second claim in the same transaction, fencing, heartbeat (a heartbeat
+-- writes a held claim first, then extends it as a written one)
 BEGIN;
 SELECT w_mark();
 SELECT token AS t FROM idem_claim('w1', 'same', fingerprint => 'f1', lease => '1 min') \gset
@@ -90,7 +97,7 @@ COMMIT;
 SELECT status, lease_expires_at > now() + interval '1 hour' AS extended
   FROM idempotency_records WHERE tenant_id = 'w1' AND key = 'beat';
 
--- release without failure writes nothing; with a failure, one INSERT
+-- release without failure writes nothing; with a failure, one INSERT at COMMIT
 BEGIN;
 SELECT w_mark();
 SELECT token AS t FROM idem_claim('w1', 'rel') \gset
@@ -104,7 +111,8 @@ COMMIT;
 SELECT key, status, response FROM idempotency_records
  WHERE tenant_id = 'w1' AND key IN ('rel', 'relf') ORDER BY key;
 
--- savepoints undo a completion and a release of an unwritten claim
+-- savepoints undo a completion and a release of an unwritten claim (inside a
+-- subtransaction the claim is written first, then settled as a written one)
 BEGIN;
 SELECT w_mark();
 SELECT token AS t FROM idem_claim('w1', 'sp') \gset

@@ -69,7 +69,7 @@ SELECT count(*) FROM idem_tenant_isolation;
 SELECT idem_create_index(ARRAY['tenant_id', 'created_at']);
 SELECT idem_create_index(ARRAY['status'], 'records_by_status');
 SELECT indexrelid::regclass, pg_get_indexdef(indexrelid) FROM pg_index
-WHERE indrelid = 'idempotency_records'::regclass ORDER BY 1::text;
+WHERE indrelid = 'idempotency_records'::regclass ORDER BY indexrelid::regclass::text;
 SELECT * FROM idem_extra_indexes ORDER BY 1;
 SELECT idem_drop_index('records_by_status');
 SELECT idem_drop_index('records_by_status');

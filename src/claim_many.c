@@ -469,7 +469,7 @@ idem_claim_many(PG_FUNCTION_ARGS)
 
 	/* held claims: written before this statement started (readers.c), or
 	 * now, when it is called outside any statement (a PL/pgSQL expression) */
-	idem_pending_write_all(NULL, idem_readers_outside_statement());
+	idem_pending_write_all();
 	idem_store_begin(fcinfo);
 
 	/*

@@ -13,17 +13,6 @@
 #include "varatt.h"
 #endif
 
-/* PostgreSQL 18 dropped ExecutorRun's execute_once argument. */
-#if PG_VERSION_NUM >= 180000
-#define IDEM_EXECUTOR_RUN_PARAMS \
-	QueryDesc *queryDesc, ScanDirection direction, uint64 count
-#define IDEM_EXECUTOR_RUN_ARGS queryDesc, direction, count
-#else
-#define IDEM_EXECUTOR_RUN_PARAMS \
-	QueryDesc *queryDesc, ScanDirection direction, uint64 count, bool execute_once
-#define IDEM_EXECUTOR_RUN_ARGS queryDesc, direction, count, execute_once
-#endif
-
 /* PostgreSQL 18 gave index_beginscan an instrumentation argument. */
 #if PG_VERSION_NUM >= 180000
 #define idem_index_beginscan(heap, index, snapshot, nkeys) \

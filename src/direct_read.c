@@ -12,7 +12,7 @@
  *	- the table is a local one (never distributed by Citus, whose table on
  *	  this node is an empty shell);
  *	- the caller has SELECT on the whole table (column privileges, and their
- *	  errors, are left to the executor);
+ *	  errors, are left to the executor) and USAGE on its schema;
  *	- no row-level security applies to the caller;
  *	- a snapshot is active (it always is inside a statement).
  *
@@ -110,11 +110,16 @@ idem_direct_read_attach(Oid table, Oid key_index)
 	columns.state = get_attnum(table, "state");
 }
 
-/* Would the prepared SELECT see every row, with no policy in between? */
+/*
+ * Would the prepared SELECT see every row, with no policy in between, and
+ * be allowed to name the table (usage of its schema)?
+ */
 static bool
 direct_read_allowed(void)
 {
 	return idem_direct_reads && idem_direct_probe_available() && ActiveSnapshotSet() &&
+		pg_namespace_aclcheck(get_rel_namespace(read_table), GetUserId(),
+							  ACL_USAGE) == ACLCHECK_OK &&
 		pg_class_aclcheck(read_table, GetUserId(), ACL_SELECT) == ACLCHECK_OK &&
 		check_enable_rls(read_table, InvalidOid, true) == RLS_NONE;
 }
@@ -149,16 +154,21 @@ record_from_slot(TupleTableSlot *slot, IdemRecord *rec)
 	HeapTuple	tuple;
 
 	d = copied_varlena(slot, columns.status, &isnull);
+	idem_check_not_null(isnull, "status");
 	rec->status = idem_status_from_text((text *) DatumGetPointer(d));
 	rec->token = DatumGetInt64(slot_getattr(slot, columns.token, &isnull));
+	idem_check_not_null(isnull, "token");
 	d = copied_varlena(slot, columns.fingerprint, &isnull);
 	rec->fingerprint = isnull ? NULL : (text *) DatumGetPointer(d);
 	rec->response = copied_varlena(slot, columns.response, &rec->response_isnull);
 	rec->expires_at = timestamp_column(slot, columns.expires_at, &isnull);
+	idem_check_not_null(isnull, "expires_at");
 	rec->lease_expires_at = timestamp_column(slot, columns.lease_expires_at,
 											 &rec->lease_isnull);
 	rec->created_at = timestamp_column(slot, columns.created_at, &isnull);
+	idem_check_not_null(isnull, "created_at");
 	rec->updated_at = timestamp_column(slot, columns.updated_at, &isnull);
+	idem_check_not_null(isnull, "updated_at");
 	d = copied_varlena(slot, columns.recovery_point, &isnull);
 	rec->recovery_point = isnull ? NULL : (text *) DatumGetPointer(d);
 	d = copied_varlena(slot, columns.state, &isnull);

@@ -3,9 +3,11 @@
  *		Module entry point: registration only.
  *
  * Loaded on first use (CREATE EXTENSION, a function call) the library only
- * defines its settings and installs its hooks: the planner hook (store.c),
- * the transaction callbacks of held claims (pending.c), and the planner,
- * executor and utility hooks that write them in time (readers.c).
+ * defines its settings and installs its hooks: the planner hook (store.c)
+ * and the executor and utility hooks that write held claims in time
+ * (readers.c).  Each is one test of a flag until this backend holds a
+ * claim or runs one of its own statements; the transaction callbacks of
+ * held claims are registered when the first claim is held (pending.c).
  * Preloaded (shared_preload_libraries) it also reserves shared memory for
  * statistics and the last tokens, and registers the sweeper worker.
  * Nothing here may fail: the SQL functions must work without preloading.
@@ -25,7 +27,6 @@ _PG_init(void)
 {
 	idem_define_settings();
 	idem_store_init();
-	idem_pending_init();
 	idem_readers_init();
 
 	if (!process_shared_preload_libraries_in_progress)

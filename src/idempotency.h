@@ -31,6 +31,7 @@
 
 #include "datatype/timestamp.h"
 #include "access/tupdesc.h"
+#include "executor/execdesc.h"
 #include "fmgr.h"
 #include "nodes/parsenodes.h"
 #include "nodes/pg_list.h"
@@ -143,7 +144,11 @@ extern Oid	idem_store_table(void);
 extern Oid	idem_store_schema(void);
 extern Oid	idem_store_token_sequence(void);
 extern bool idem_store_is_table(Oid relid);
-extern bool idem_store_running(void);
+extern bool idem_store_table_as_made(void);
+extern void idem_store_stamp_writes(CommandId cid);
+extern PGDLLIMPORT bool idem_store_statement_starting;
+extern void idem_store_statement_started(QueryDesc *queryDesc);
+extern bool idem_citus_preloaded(void);
 
 extern bool idem_store_read(const IdemKey *k, IdemRecord *rec,
 							bool fresh_snapshot);
@@ -185,6 +190,7 @@ extern bool idem_store_forget(const IdemKey *k);
 /* the table's shape (table_shape.c) */
 extern Oid	idem_check_table_shape(Oid table);
 extern bool idem_table_has_checkpoints(Oid table);
+extern bool idem_table_is_as_made(Oid table);
 extern void idem_check_result_shape(Oid table, TupleDesc desc,
 									const Oid *types, int n);
 
@@ -205,6 +211,7 @@ extern bool idem_store_distributed(void);
 extern Datum idem_stale_failure_response(void);
 extern const char *idem_status_name(IdemStatus status);
 extern IdemStatus idem_status_from_text(text *t);
+extern void idem_check_not_null(bool isnull, const char *column);
 
 /* ---------- the replay fast path (direct_read.c) ---------- */
 
@@ -263,7 +270,15 @@ extern void idem_keylock_hold(const IdemKey *k);
 extern void idem_keylock_release(const IdemKey *k);
 extern bool idem_keylock_wait_for_inserter(TransactionId xid, int64 wait_us);
 
-/* ---------- claims written when they settle (pending.c) ---------- */
+/* ---------- claims held until they are written (pending.c) ---------- */
+
+/* What happened to a held claim since it was made. */
+typedef enum IdemHeldSettle
+{
+	IDEM_HELD_OPEN,				/* claimed */
+	IDEM_HELD_FINISHED,			/* completed or failed (status) */
+	IDEM_HELD_RELEASED			/* released without failure */
+} IdemHeldSettle;
 
 /* A fresh claim of this transaction whose record is not written yet. */
 typedef struct IdemPendingClaim
@@ -272,41 +287,42 @@ typedef struct IdemPendingClaim
 	text	   *key;
 	text	   *fingerprint;	/* NULL: none */
 	Oid			schema;			/* where the table is */
-	Oid			userid;			/* who claimed: the write runs as them */
+	Oid			table;
+	Oid			owner;			/* the table's owner, who writes it */
 	int64		token;
 	TimestampTz created_at;
-	TimestampTz updated_at;
 	TimestampTz lease_expires_at;
 	int64		ttl_us;
-	text	   *recovery_point; /* NULL: no checkpoint yet */
-	Datum		state;			/* 0: none */
-	SubTransactionId settled_in;	/* written or dropped in this subxact */
+	CommandId	claim_cid;		/* the command ID its INSERT would have had */
+	IdemHeldSettle settle;
+	CommandId	settle_cid;		/* ... and its UPDATE or DELETE */
+	IdemStatus	status;			/* IDEM_HELD_FINISHED: completed or failed */
+	Datum		response;		/* 0: none */
+	bool		response_isnull;
+	TimestampTz settled_at;
+	int64		successor_token;	/* IDEM_HELD_RELEASED */
+	SubTransactionId written_in;	/* written in this subxact (rolls back) */
 } IdemPendingClaim;
 
-extern void idem_pending_init(void);
+extern PGDLLIMPORT bool idem_claims_held;
 extern bool idem_pending_allowed(Oid table);
 extern IdemPendingClaim *idem_pending_find(const IdemKey *k);
 extern void idem_pending_add(const IdemKey *k, text *fingerprint, int64 token,
 							 TimestampTz now, TimestampTz lease_expires_at,
 							 int64 ttl_us);
-extern void idem_pending_write(IdemPendingClaim *p, IdemStatus status,
-							   Datum response, bool response_isnull,
-							   TimestampTz now);
-extern void idem_pending_heartbeat(IdemPendingClaim *p, TimestampTz now,
-								   TimestampTz lease_expires_at);
-extern void idem_pending_checkpoint(IdemPendingClaim *p, text *point,
-									Datum state, TimestampTz now);
-extern void idem_pending_release(IdemPendingClaim *p, TimestampTz now);
-extern void idem_pending_settle(IdemPendingClaim *p);
-extern void idem_pending_write_all(Snapshot snapshot, bool advance_active);
+extern bool idem_pending_finish(IdemPendingClaim *p, IdemStatus status,
+								Datum response, bool response_isnull,
+								TimestampTz now);
+extern bool idem_pending_release(IdemPendingClaim *p, TimestampTz now);
+extern void idem_pending_materialize(IdemPendingClaim *p);
+extern void idem_pending_write_all(void);
+extern void idem_pending_write_final(void);
+extern bool idem_pending_table_in(List *relation_oids);
 
-/* ---------- statements that could see a held claim (readers.c) ---------- */
+/* ---------- the hooks that write held claims in time (readers.c) ---------- */
 
 extern void idem_readers_init(void);
-extern bool idem_readers_allow_holding(void);
-extern bool idem_readers_outside_statement(void);
 extern char *idem_own_function_symbol(Oid fn_oid);
-extern int	idem_readers_depth(void);
 
 /* ---------- claiming (claim.c) ---------- */
 

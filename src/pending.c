@@ -1,41 +1,65 @@
 /*
  * pending.c
- *		Fresh claims held in memory and written once, when they settle.
+ *		Fresh claims held in memory, and written exactly as they would have
+ *		been written at once.
  *
  * In the usual pattern (BEGIN, claim, business writes, complete, COMMIT)
- * the processing row a claim inserts is never seen by anyone but its own
- * transaction: other transactions learn that the key is taken from the key
- * lock (keylock.c), not from the uncommitted row.  So a fresh claim may only
- * take the key lock and be held here; idem_complete (or idem_release with a
- * failure) then inserts the finished record in one INSERT, instead of an
- * INSERT followed by an UPDATE that writes a second row version and new
- * index entries.  idem_release without a failure writes nothing (unless the
- * claim has a recovery point: then it is handed on, see idem_pending_release).
+ * nobody but the claiming transaction ever sees the processing row a claim
+ * inserts: other transactions learn that the key is taken from the key lock
+ * (keylock.c).  So a fresh claim may be held here, and COMMIT writes the
+ * record in its final form with one INSERT, instead of an INSERT followed
+ * by an UPDATE (or, for a release without failure, by a DELETE).
  *
- * The rule is that no statement can tell: what any statement sees equals
- * what it would see had the claim been written at once.  readers.c decides
- * when held claims must be written (before a statement that could look at
- * the table, before COMMIT) and when a claim may be held at all.  A claim
- * is also written at once wherever a later write could change what the
- * caller sees: idempotency.defer_writes off, REPEATABLE READ or
- * SERIALIZABLE, a subtransaction, a read-only transaction, a user who may
- * not INSERT into the table, row-level security, triggers or rules on the
- * table (they must fire when the claim is made), and past IDEM_MAX_PENDING
- * held claims.
+ * The rule is that nothing a user can observe differs from writing each
+ * claim at once.  It holds by construction:
  *
- * Held claims and their copies of tenant, key and fingerprint live in a
- * context of their own, freed claim by claim as they settle.
+ *	- When a claim is held, everything the INSERT would have done to the
+ *	  rest of the system is done: the privilege checks (table and schema),
+ *	  the table's and its indexes' RowExclusiveLock, the transaction ID, and
+ *	  the command ID the INSERT would have been stamped with.  A claim is
+ *	  held only while the table is exactly as the extension made it
+ *	  (table_shape.c), so the INSERT would have run no code of anyone else,
+ *	  and no one can change that while the lock is held.
+ *
+ *	- A settle of a held claim (complete, release) is recorded with its own
+ *	  command ID, after the privilege checks its UPDATE or DELETE would have
+ *	  made.  Anything else (a heartbeat, a checkpoint, a settle whose checks
+ *	  fail, any call inside a subtransaction) first writes the claim, then
+ *	  runs exactly as for a written claim.
+ *
+ *	- Before anything could read the table (readers.c: a statement whose
+ *	  plan names it, a utility command, one of our own reading functions),
+ *	  held claims are written as their history: the processing row stamped
+ *	  with the claim's command ID, then the settle stamped with its own.
+ *	  Visibility of a transaction's own rows depends only on those command
+ *	  IDs, so every snapshot, older or newer, running or to come, sees
+ *	  exactly what it would have seen.
+ *
+ *	- At COMMIT nothing in this transaction can read any more, and other
+ *	  transactions only see the final state: one INSERT of the record as it
+ *	  ends (none for a release without failure).
+ *
+ * The writes run as the table's owner: the caller's privileges were
+ * checked when the claim and its settle happened, as the INSERT and UPDATE
+ * would have checked them then, and a later REVOKE must not reach back.
+ *
+ * Held claims and their copies live in a context of their own, under
+ * TopTransactionContext, freed claim by claim as they are written.
  */
 #include "postgres.h"
 
+#include "access/relation.h"
 #include "access/xact.h"
+#include "catalog/pg_class.h"
 #include "miscadmin.h"
+#include "storage/lmgr.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
-#include "utils/rls.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 
 #include "idempotency.h"
 
@@ -47,26 +71,50 @@
 #define IDEM_MAX_PENDING	32
 
 /*
- * The claims held by this transaction.  An entry whose record was written
- * or dropped inside a subtransaction stays (settled_in) until that
- * subtransaction ends: if it rolls back, the claim is held again.  Room
- * beyond IDEM_MAX_PENDING is only ever needed for such entries.
+ * The claims held by this transaction.  An entry written inside a
+ * subtransaction stays (written_in) until that subtransaction ends: if it
+ * rolls back, so does the write, and the claim is held again.
  */
 static MemoryContext pending_context = NULL;
 static IdemPendingClaim *pending = NULL;
 static int	pending_allocated = 0;
 static int	pending_used = 0;
 static bool writing_all = false;
+static bool callbacks_registered = false;
+
+/*
+ * Some claim is held and not written: the executor and utility hooks
+ * (readers.c) do nothing else unless this is set.
+ */
+bool		idem_claims_held = false;
+
+static CommandId act_as_statement(void);
+static void pending_xact_callback(XactEvent event, void *arg);
+static void pending_subxact_callback(SubXactEvent event,
+									 SubTransactionId mySubid,
+									 SubTransactionId parentSubid, void *arg);
+
+static bool
+is_held(const IdemPendingClaim *p)
+{
+	return p->written_in == InvalidSubTransactionId;
+}
 
 static int
-count_unsettled(void)
+count_held(void)
 {
 	int			n = 0;
 
 	for (int i = 0; i < pending_used; i++)
-		if (pending[i].settled_in == InvalidSubTransactionId)
+		if (is_held(&pending[i]))
 			n++;
 	return n;
+}
+
+static void
+update_held_flag(void)
+{
+	idem_claims_held = count_held() > 0;
 }
 
 /* Drop entry i and its copies (order does not matter). */
@@ -79,68 +127,74 @@ remove_entry(int i)
 	pfree(p->key);
 	if (p->fingerprint != NULL)
 		pfree(p->fingerprint);
-	if (p->recovery_point != NULL)
-		pfree(p->recovery_point);
-	if (p->state != (Datum) 0)
-		pfree(DatumGetPointer(p->state));
+	if (p->response != (Datum) 0)
+		pfree(DatumGetPointer(p->response));
 	pending[i] = pending[--pending_used];
 }
 
 /*
- * The claim is settled: its record is written (or, for a release, there is
- * none to write).  At the top level that is final; in a subtransaction it
+ * The claim's record is written (or, released without failure at COMMIT,
+ * never will be).  At the top level that is final; in a subtransaction it
  * is undone if the subtransaction rolls back.
  */
-void
-idem_pending_settle(IdemPendingClaim *p)
+static void
+mark_written(IdemPendingClaim *p)
 {
 	SubTransactionId sub = GetCurrentSubTransactionId();
 
 	if (sub == TopSubTransactionId)
 		remove_entry(p - pending);
 	else
-		p->settled_in = sub;
+		p->written_in = sub;
+	update_held_flag();
 }
 
-/* Triggers or rules on the table must fire when the claim is made. */
+/* May the current user do all of mode on table, in a schema it may use? */
 static bool
-table_has_triggers_or_rules(Oid table)
+may_use_table(Oid schema, Oid table, AclMode mode)
 {
-	Relation	rel = RelationIdGetRelation(table);
-	bool		has;
+	AclMode		each[] = {ACL_SELECT, ACL_INSERT, ACL_UPDATE, ACL_DELETE};
 
-	if (!RelationIsValid(rel))
-		return true;
-	has = rel->rd_rel->relhastriggers || rel->rd_rel->relhasrules;
-	RelationClose(rel);
-	return has;
+	if (pg_namespace_aclcheck(schema, GetUserId(), ACL_USAGE) != ACLCHECK_OK)
+		return false;
+	for (size_t i = 0; i < lengthof(each); i++)
+		if ((mode & each[i]) &&
+			pg_class_aclcheck(table, GetUserId(), each[i]) != ACLCHECK_OK)
+			return false;
+	return true;
 }
 
 /*
  * May a fresh claim of table be held instead of written now?
  *
- * Never on a table distributed by Citus: the claim may run in a task
- * backend on a worker, which Citus lets run no more SQL once the delegated
- * call has returned, and a statement reading the shards would not be
- * recognised as a reader of the table (readers.c knows its OID only).
+ * Only in a transaction block at the top level under READ COMMITTED, in a
+ * read-write transaction, when the caller may read and insert (what the
+ * claim's SELECT and INSERT check), and when the table is exactly as the
+ * extension made it.  Never on a table distributed by Citus: the claim may
+ * run in a task backend on a worker, which Citus lets run no more SQL once
+ * the delegated call has returned.
  */
 bool
 idem_pending_allowed(Oid table)
 {
 	if (!idem_defer_writes || idem_store_distributed() ||
-		!idem_readers_allow_holding() ||
+		!IsTransactionBlock() ||
 		IsolationUsesXactSnapshot() || XactReadOnly || IsInParallelMode() ||
 		GetCurrentTransactionNestLevel() != 1 ||
-		count_unsettled() >= IDEM_MAX_PENDING)
+		count_held() >= IDEM_MAX_PENDING)
 		return false;
-	if (pg_class_aclcheck(table, GetUserId(), ACL_INSERT) != ACLCHECK_OK)
+	if (!idem_store_table_as_made())
 		return false;
-	if (check_enable_rls(table, InvalidOid, true) != RLS_NONE)
-		return false;
-	return !table_has_triggers_or_rules(table);
+	return may_use_table(idem_store_schema(), table, ACL_SELECT | ACL_INSERT);
 }
 
-/* The unwritten claim of k in this transaction, or NULL. */
+/*
+ * The held, unsettled claim of k in this transaction, or NULL.  A held
+ * claim of k that was completed or failed already is written first, so
+ * that the caller reads its record as it would have been written; one
+ * released without failure has no record, as the table shows, and a new
+ * claim of k may be held beside it.
+ */
 IdemPendingClaim *
 idem_pending_find(const IdemKey *k)
 {
@@ -148,25 +202,94 @@ idem_pending_find(const IdemKey *k)
 	{
 		IdemPendingClaim *p = &pending[i];
 
-		if (p->settled_in == InvalidSubTransactionId &&
-			idem_text_equal(p->key, k->key) &&
-			idem_text_equal(p->tenant_id, k->tenant_id))
+		if (!is_held(p) || !idem_text_equal(p->key, k->key) ||
+			!idem_text_equal(p->tenant_id, k->tenant_id))
+			continue;
+		if (p->settle == IDEM_HELD_OPEN)
 			return p;
+		if (p->settle == IDEM_HELD_FINISHED)
+		{
+			idem_pending_materialize(p);
+			return NULL;
+		}
 	}
 	return NULL;
 }
 
+/* The owner of table, who writes held claims. */
+static Oid
+table_owner(Oid table)
+{
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(table));
+	Oid			owner;
+
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for relation %u", table);
+	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+	return owner;
+}
+
 /*
- * Remember a fresh claim.  The caller holds the key lock and has read,
- * after taking it, that the key has no record.
+ * What the INSERT of a processing row would do to everything but the
+ * table's contents: lock the table and its indexes as the executor does,
+ * take a transaction ID, and use a command ID (returned), after the command
+ * counter increment SPI makes before a statement that may write.
+ */
+static CommandId
+act_as_insert(Oid table)
+{
+	Relation	rel;
+	List	   *indexes;
+	ListCell   *lc;
+
+	LockRelationOid(table, RowExclusiveLock);
+	rel = relation_open(table, NoLock);
+	indexes = RelationGetIndexList(rel);
+	relation_close(rel, NoLock);
+	foreach(lc, indexes)
+		LockRelationOid(lfirst_oid(lc), RowExclusiveLock);
+	list_free(indexes);
+
+	(void) GetCurrentTransactionId();
+	return act_as_statement();
+}
+
+/*
+ * The command ID a statement run through SPI now would write with: SPI
+ * increments the command counter before every statement that may write.
+ */
+static CommandId
+act_as_statement(void)
+{
+	CommandCounterIncrement();
+	return GetCurrentCommandId(true);
+}
+
+static void
+register_callbacks(void)
+{
+	if (callbacks_registered)
+		return;
+	RegisterXactCallback(pending_xact_callback, NULL);
+	RegisterSubXactCallback(pending_subxact_callback, NULL);
+	callbacks_registered = true;
+}
+
+/*
+ * Hold a fresh claim.  The caller holds the key lock and has read, after
+ * taking it, that the key has no record; idem_pending_allowed() said yes.
  */
 void
 idem_pending_add(const IdemKey *k, text *fingerprint, int64 token,
 				 TimestampTz now, TimestampTz lease_expires_at, int64 ttl_us)
 {
+	Oid			table = idem_store_table();
+	CommandId	cid = act_as_insert(table);
 	MemoryContext old;
 	IdemPendingClaim *p;
 
+	register_callbacks();
 	if (pending_context == NULL)
 	{
 		pending_context = AllocSetContextCreate(TopTransactionContext,
@@ -190,15 +313,22 @@ idem_pending_add(const IdemKey *k, text *fingerprint, int64 token,
 	MemoryContextSwitchTo(old);
 
 	p->schema = idem_store_schema();
-	p->userid = GetUserId();
+	p->table = table;
+	p->owner = table_owner(table);
 	p->token = token;
 	p->created_at = now;
-	p->updated_at = now;
 	p->lease_expires_at = lease_expires_at;
 	p->ttl_us = ttl_us;
-	p->recovery_point = NULL;
-	p->state = (Datum) 0;
-	p->settled_in = InvalidSubTransactionId;
+	p->claim_cid = cid;
+	p->settle = IDEM_HELD_OPEN;
+	p->settle_cid = InvalidCommandId;
+	p->status = IDEM_PROCESSING;
+	p->response = (Datum) 0;
+	p->response_isnull = true;
+	p->settled_at = 0;
+	p->successor_token = 0;
+	p->written_in = InvalidSubTransactionId;
+	idem_claims_held = true;
 }
 
 /* A record for the key exists although this transaction holds its lock. */
@@ -213,68 +343,76 @@ report_lost_claim(const IdemPendingClaim *p)
 			 errhint("This transaction is rolled back; the key's outcome belongs to the other record.")));
 }
 
-/* The values a held claim's record is written with. */
-typedef struct RecordValues
+/* The pieces of a write of a held claim (write_as_owner). */
+typedef enum HeldWrite
 {
-	int64		token;
-	TimestampTz updated_at;
-	TimestampTz lease_expires_at;
-	text	   *recovery_point;
-	Datum		state;
-} RecordValues;
+	WRITE_HISTORY,				/* the processing row, then the settle */
+	WRITE_FINAL					/* only the record as it ends */
+} HeldWrite;
 
 static void
-values_of(const IdemPendingClaim *p, RecordValues *v)
+write_steps(IdemPendingClaim *p, HeldWrite what)
 {
-	v->token = p->token;
-	v->updated_at = p->updated_at;
-	v->lease_expires_at = p->lease_expires_at;
-	v->recovery_point = p->recovery_point;
-	v->state = p->state;
+	IdemKey		k = {p->tenant_id, p->key};
+	bool		final_only = what == WRITE_FINAL;
+	bool		finished = p->settle == IDEM_HELD_FINISHED;
+
+	if (final_only && p->settle == IDEM_HELD_RELEASED)
+		return;
+
+	/* the row as the claim inserted it, or as the settle left it */
+	idem_store_stamp_writes(final_only ? InvalidCommandId : p->claim_cid);
+	idem_store_write_once(&k, p->fingerprint, p->token, p->created_at,
+						  final_only && finished ? p->settled_at : p->created_at,
+						  p->lease_expires_at, p->ttl_us,
+						  final_only ? p->status : IDEM_PROCESSING,
+						  final_only ? p->response : (Datum) 0,
+						  final_only ? p->response_isnull : true,
+						  NULL, (Datum) 0);
+	if (final_only || p->settle == IDEM_HELD_OPEN)
+		return;
+
+	idem_store_stamp_writes(p->settle_cid);
+	if (finished ?
+		!idem_store_finish(&k, p->token, p->status, p->response,
+						   p->response_isnull, p->settled_at) :
+		!idem_store_release(&k, p->token, p->successor_token, p->settled_at))
+		elog(ERROR, "held claim of key \"%s\" could not be settled",
+			 text_to_cstring(p->key));
 }
 
 /*
- * Write a held claim's record with values v: processing (status
- * IDEM_PROCESSING, response ignored) or finished now.  Runs as the user who
- * claimed.  The claim is then settled: for good at the top level, until its
- * subtransaction ends otherwise (a rollback makes it held again, with its
- * own values).
- *
- * The INSERT has no ON CONFLICT (it skips the speculative insertion's
- * extra index probe and WAL record): the key lock is held and the key was
- * read free after taking it, so a conflict means a record written around
- * the lock.  Its unique violation never reaches the caller: it becomes the
- * lost-claim error, and the transaction rolls back either way.
+ * Write a held claim, as its table's owner, with the transaction's
+ * read-only flag as it was when the claim was held (a write that, logically,
+ * already happened).  The INSERT has no ON CONFLICT: the key lock is held
+ * and the key was read free after taking it, so a conflict means a record
+ * written around the lock, and its unique violation never reaches the
+ * caller: it becomes the lost-claim error.
  */
 static void
-write_record(IdemPendingClaim *p, const RecordValues *v, IdemStatus status,
-			 Datum response, bool response_isnull, TimestampTz now)
+write_as_owner(IdemPendingClaim *p, HeldWrite what)
 {
 	MemoryContext caller_context = CurrentMemoryContext;
 	Oid			save_userid;
 	int			save_sec_context;
-	IdemKey		k = {p->tenant_id, p->key};
-	bool		processing = status == IDEM_PROCESSING;
+	bool		save_read_only = XactReadOnly;
 
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	if (save_userid != p->userid)
-		SetUserIdAndSecContext(p->userid,
-							   save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	SetUserIdAndSecContext(p->owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	XactReadOnly = false;
 	PG_TRY();
 	{
 		idem_store_begin_in_schema(p->schema);
-		idem_store_write_once(&k, p->fingerprint, v->token, p->created_at,
-							  processing ? v->updated_at : now,
-							  v->lease_expires_at, p->ttl_us, status,
-							  processing ? (Datum) 0 : response,
-							  processing ? true : response_isnull,
-							  v->recovery_point, v->state);
+		write_steps(p, what);
+		idem_store_stamp_writes(InvalidCommandId);
 		idem_store_end();
 	}
 	PG_CATCH();
 	{
 		ErrorData  *edata;
 
+		idem_store_stamp_writes(InvalidCommandId);
+		XactReadOnly = save_read_only;
 		SetUserIdAndSecContext(save_userid, save_sec_context);
 		MemoryContextSwitchTo(caller_context);
 		edata = CopyErrorData();
@@ -285,132 +423,174 @@ write_record(IdemPendingClaim *p, const RecordValues *v, IdemStatus status,
 		report_lost_claim(p);
 	}
 	PG_END_TRY();
+	XactReadOnly = save_read_only;
 	SetUserIdAndSecContext(save_userid, save_sec_context);
-
-	idem_pending_settle(p);
-}
-
-/* Write a held claim's record as it stands, processing or finished now. */
-void
-idem_pending_write(IdemPendingClaim *p, IdemStatus status, Datum response,
-				   bool response_isnull, TimestampTz now)
-{
-	RecordValues v;
-
-	values_of(p, &v);
-	write_record(p, &v, status, response, response_isnull, now);
+	mark_written(p);
 }
 
 /*
- * Extend a held claim's lease: in memory at the top level; written as
- * processing with the new lease in a subtransaction, which could roll the
- * new lease back.
+ * Write a held claim as its history, so that from now on it is a written
+ * claim in every respect.
  */
 void
-idem_pending_heartbeat(IdemPendingClaim *p, TimestampTz now,
-					   TimestampTz lease_expires_at)
-{
-	RecordValues v;
-
-	if (GetCurrentSubTransactionId() == TopSubTransactionId)
-	{
-		p->lease_expires_at = lease_expires_at;
-		p->updated_at = now;
-		return;
-	}
-	values_of(p, &v);
-	v.lease_expires_at = lease_expires_at;
-	v.updated_at = now;
-	write_record(p, &v, IDEM_PROCESSING, (Datum) 0, true, now);
-}
-
-/* A copy of a varlena in the held claims' context. */
-static Datum
-held_copy(Datum value)
-{
-	MemoryContext old = MemoryContextSwitchTo(pending_context);
-	Datum		copy = PointerGetDatum(PG_DETOAST_DATUM_COPY(value));
-
-	MemoryContextSwitchTo(old);
-	return copy;
-}
-
-/*
- * Store a recovery point (and state, 0 for none) on a held claim: in
- * memory at the top level, written as processing in a subtransaction.
- */
-void
-idem_pending_checkpoint(IdemPendingClaim *p, text *point, Datum state,
-						TimestampTz now)
-{
-	RecordValues v;
-
-	if (GetCurrentSubTransactionId() == TopSubTransactionId)
-	{
-		if (p->recovery_point != NULL)
-			pfree(p->recovery_point);
-		if (p->state != (Datum) 0)
-			pfree(DatumGetPointer(p->state));
-		p->recovery_point = (text *) DatumGetPointer(held_copy(PointerGetDatum(point)));
-		p->state = state ? held_copy(state) : (Datum) 0;
-		p->updated_at = now;
-		return;
-	}
-	values_of(p, &v);
-	v.recovery_point = point;
-	v.state = state;
-	v.updated_at = now;
-	write_record(p, &v, IDEM_PROCESSING, (Datum) 0, true, now);
-}
-
-/*
- * Release a held claim without a failure.  Without a recovery point there
- * is nothing to write.  With one, the record is written to be handed on,
- * as a written claim's is (store.c): its lease ends now, under a new token.
- */
-void
-idem_pending_release(IdemPendingClaim *p, TimestampTz now)
-{
-	RecordValues v;
-
-	if (p->recovery_point == NULL)
-	{
-		idem_pending_settle(p);
-		return;
-	}
-	values_of(p, &v);
-	v.token = idem_successor_token(now, p->token);
-	v.lease_expires_at = now;
-	v.updated_at = now;
-	write_record(p, &v, IDEM_PROCESSING, (Datum) 0, true, now);
-}
-
-/*
- * Write every held claim as its processing row, before a statement that
- * could look at the table (readers.c) or COMMIT.  snapshot, if any, is the
- * starting statement's own snapshot, not used yet: it is advanced past the
- * writes, as is the active snapshot when advance_active says it belongs to
- * no running statement.  Exactly as if the claims had been written before.
- */
-void
-idem_pending_write_all(Snapshot snapshot, bool advance_active)
+idem_pending_materialize(IdemPendingClaim *p)
 {
 	volatile bool pushed = false;
 
-	if (writing_all || count_unsettled() == 0)
+	if (!ActiveSnapshotSet())
+	{
+		PushActiveSnapshot(GetTransactionSnapshot());
+		pushed = true;
+	}
+	write_as_owner(p, WRITE_HISTORY);
+	if (pushed)
+		PopActiveSnapshot();
+}
+
+/*
+ * Could the settle of a held claim be recorded rather than run?  Only at
+ * the top level (a subtransaction could roll it back), in a read-write
+ * transaction, when the caller passes the checks its statement would make
+ * (mode on the table, usage of the schema).  Otherwise the claim is
+ * written first and the caller settles it as a written claim.
+ */
+static bool
+may_record_settle(IdemPendingClaim *p, AclMode mode)
+{
+	if (GetCurrentTransactionNestLevel() == 1 && !XactReadOnly &&
+		may_use_table(p->schema, p->table, mode))
+		return true;
+	idem_pending_materialize(p);
+	return false;
+}
+
+/*
+ * Complete (IDEM_COMPLETED) or fail (IDEM_FAILED) a held claim.  Returns
+ * false when the claim was written instead and the caller must settle it
+ * as a written claim.
+ */
+bool
+idem_pending_finish(IdemPendingClaim *p, IdemStatus status, Datum response,
+					bool response_isnull, TimestampTz now)
+{
+	MemoryContext old;
+
+	if (!may_record_settle(p, ACL_SELECT | ACL_UPDATE))
+		return false;
+	p->settle_cid = act_as_statement();
+	p->settle = IDEM_HELD_FINISHED;
+	p->status = status;
+	p->settled_at = now;
+	p->response_isnull = response_isnull;
+	if (!response_isnull)
+	{
+		old = MemoryContextSwitchTo(pending_context);
+		p->response = PointerGetDatum(PG_DETOAST_DATUM_COPY(response));
+		MemoryContextSwitchTo(old);
+	}
+	return true;
+}
+
+/*
+ * Release a held claim without a failure: its DELETE is recorded (a held
+ * claim has no recovery point: a checkpoint writes it).  Returns false when
+ * the claim was written instead.
+ */
+bool
+idem_pending_release(IdemPendingClaim *p, TimestampTz now)
+{
+	if (!may_record_settle(p, ACL_SELECT | ACL_DELETE))
+		return false;
+	p->successor_token = idem_successor_token(now, p->token);
+	p->settle_cid = act_as_statement();
+	p->settle = IDEM_HELD_RELEASED;
+	p->settled_at = now;
+	return true;
+}
+
+/*
+ * The held claim made first.  Histories are written in the order they
+ * happened: a key released without failure may be claimed again, and its
+ * second claim's row must follow the first one's DELETE.
+ */
+static IdemPendingClaim *
+oldest_held(void)
+{
+	IdemPendingClaim *oldest = NULL;
+
+	for (int i = 0; i < pending_used; i++)
+		if (is_held(&pending[i]) &&
+			(oldest == NULL || pending[i].claim_cid < oldest->claim_cid))
+			oldest = &pending[i];
+	return oldest;
+}
+
+/*
+ * Write every held claim as its history, before something that could read
+ * the table: a statement whose plan names it, a utility command, or one of
+ * our functions that reads more than its own key (readers.c, lookup.c).
+ */
+void
+idem_pending_write_all(void)
+{
+	if (writing_all || !idem_claims_held)
 		return;
 
 	writing_all = true;
 	PG_TRY();
 	{
+		IdemPendingClaim *p;
+
+		while ((p = oldest_held()) != NULL)
+			idem_pending_materialize(p);
+	}
+	PG_FINALLY();
+	{
+		writing_all = false;
+	}
+	PG_END_TRY();
+}
+
+/*
+ * Does a plan that depends on these relations read a table held claims
+ * belong to?
+ */
+bool
+idem_pending_table_in(List *relation_oids)
+{
+	ListCell   *lc;
+
+	foreach(lc, relation_oids)
+		for (int i = 0; i < pending_used; i++)
+			if (is_held(&pending[i]) && pending[i].table == lfirst_oid(lc))
+				return true;
+	return false;
+}
+
+/*
+ * Write every held claim in its final form: at COMMIT or PREPARE
+ * TRANSACTION, when nothing in this transaction reads any more.
+ */
+void
+idem_pending_write_final(void)
+{
+	volatile bool pushed = false;
+
+	if (writing_all || !idem_claims_held)
+		return;
+
+	writing_all = true;
+	PG_TRY();
+	{
+		IdemPendingClaim *p;
+
 		if (!ActiveSnapshotSet())
 		{
 			PushActiveSnapshot(GetTransactionSnapshot());
 			pushed = true;
 		}
-		for (int i = pending_used - 1; i >= 0; i--)
-			if (pending[i].settled_in == InvalidSubTransactionId)
-				idem_pending_write(&pending[i], IDEM_PROCESSING, (Datum) 0, true, 0);
+		while ((p = oldest_held()) != NULL)
+			write_as_owner(p, WRITE_FINAL);
 		if (pushed)
 			PopActiveSnapshot();
 	}
@@ -419,12 +599,6 @@ idem_pending_write_all(Snapshot snapshot, bool advance_active)
 		writing_all = false;
 	}
 	PG_END_TRY();
-
-	CommandCounterIncrement();
-	if (snapshot != NULL)
-		snapshot->curcid = GetCurrentCommandId(false);
-	if (advance_active && ActiveSnapshotSet())
-		GetActiveSnapshot()->curcid = GetCurrentCommandId(false);
 }
 
 static void
@@ -434,8 +608,8 @@ pending_xact_callback(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_PRE_COMMIT:
 		case XACT_EVENT_PRE_PREPARE:
-			/* COMMIT wrote them already (readers.c); this is a safety net */
-			idem_pending_write_all(NULL, false);
+			/* COMMIT wrote them already (readers.c): this covers the rest */
+			idem_pending_write_final();
 			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_ABORT:
@@ -448,6 +622,7 @@ pending_xact_callback(XactEvent event, void *arg)
 			pending_allocated = 0;
 			pending_used = 0;
 			writing_all = false;
+			idem_claims_held = false;
 			break;
 		default:
 			break;
@@ -462,26 +637,17 @@ pending_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 	{
 		IdemPendingClaim *p = &pending[i];
 
-		if (p->settled_in != mySubid)
+		if (p->written_in != mySubid)
 			continue;
 		if (event == SUBXACT_EVENT_ABORT_SUB)
-			p->settled_in = InvalidSubTransactionId;	/* the write is undone */
+			p->written_in = InvalidSubTransactionId;	/* the write is undone */
 		else if (event == SUBXACT_EVENT_COMMIT_SUB)
 		{
 			if (parentSubid == TopSubTransactionId)
 				remove_entry(i);
 			else
-				p->settled_in = parentSubid;
+				p->written_in = parentSubid;
 		}
 	}
-}
-
-/*
- * Register the transaction callbacks.  Called from _PG_init.
- */
-void
-idem_pending_init(void)
-{
-	RegisterXactCallback(pending_xact_callback, NULL);
-	RegisterSubXactCallback(pending_subxact_callback, NULL);
+	update_held_flag();
 }

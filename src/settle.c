@@ -85,9 +85,9 @@ check_durability(const char *action)
 }
 
 /*
- * The unwritten claim of k in this transaction (pending.c), if any.  Its
- * token is the key's current token, so any other token is refused here
- * exactly as the record would refuse it.
+ * The held claim of k in this transaction (pending.c), if any.  Its token
+ * is the key's current token, so any other token is refused here exactly
+ * as the record would refuse it.
  */
 static IdemPendingClaim *
 pending_claim(const IdemKey *k, int64 token, const char *action)
@@ -127,10 +127,9 @@ idem_complete(PG_FUNCTION_ARGS)
 	check_durability("idem_complete");
 
 	pending = pending_claim(&k, token, "complete");
-	if (pending != NULL)
-		idem_pending_write(pending, IDEM_COMPLETED, response, response_isnull,
-						   GetCurrentTimestamp());
-	else
+	if (pending == NULL ||
+		!idem_pending_finish(pending, IDEM_COMPLETED, response, response_isnull,
+							 GetCurrentTimestamp()))
 	{
 		idem_store_begin(fcinfo);
 		idem_keylock_hold(&k);
@@ -166,15 +165,11 @@ idem_release(PG_FUNCTION_ARGS)
 		check_durability("idem_release");
 
 	pending = pending_claim(&k, token, "release");
-	if (pending != NULL)
-	{
-		if (failure_isnull)
-			idem_pending_release(pending, GetCurrentTimestamp());
-		else
-			idem_pending_write(pending, IDEM_FAILED, failure, false,
-							   GetCurrentTimestamp());
-	}
-	else
+	if (pending == NULL ||
+		!(failure_isnull ?
+		  idem_pending_release(pending, GetCurrentTimestamp()) :
+		  idem_pending_finish(pending, IDEM_FAILED, failure, false,
+							  GetCurrentTimestamp())))
 	{
 		TimestampTz now = GetCurrentTimestamp();
 
@@ -217,17 +212,15 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	now = GetCurrentTimestamp();
 	lease_end = idem_add_duration(now, lease_us, "lease");
 
+	/* a held claim is written first, then extended as a written one */
 	pending = pending_claim(&k, token, "heartbeat");
 	if (pending != NULL)
-		idem_pending_heartbeat(pending, now, lease_end);
-	else
-	{
-		idem_store_begin(fcinfo);
-		idem_keylock_hold(&k);
-		if (!idem_store_extend_lease(&k, token, now, lease_end))
-			report_refused(&k, token, "heartbeat");
-		idem_store_end();
-	}
+		idem_pending_materialize(pending);
+	idem_store_begin(fcinfo);
+	idem_keylock_hold(&k);
+	if (!idem_store_extend_lease(&k, token, now, lease_end))
+		report_refused(&k, token, "heartbeat");
+	idem_store_end();
 	idem_stats_add(IDEM_STAT_HEARTBEATS, 1);
 
 	PG_RETURN_TIMESTAMPTZ(lease_end);
@@ -259,22 +252,20 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	if (state_isnull)
 		state = (Datum) 0;
 
+	/* a held claim is written first, then checkpointed as a written one */
 	pending = pending_claim(&k, token, "checkpoint");
 	if (pending != NULL)
-		idem_pending_checkpoint(pending, point, state, now);
-	else
-	{
-		idem_store_begin(fcinfo);
-		if (!idem_store_has_checkpoints())
-			ereport(ERROR,
-					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("recovery points need version 1.1 of the idempotency extension"),
-					 errhint("Run ALTER EXTENSION idempotency UPDATE.")));
-		idem_keylock_hold(&k);
-		if (!idem_store_checkpoint(&k, token, point, state, now))
-			report_refused(&k, token, "checkpoint");
-		idem_store_end();
-	}
+		idem_pending_materialize(pending);
+	idem_store_begin(fcinfo);
+	if (!idem_store_has_checkpoints())
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("recovery points need version 1.1 of the idempotency extension"),
+				 errhint("Run ALTER EXTENSION idempotency UPDATE.")));
+	idem_keylock_hold(&k);
+	if (!idem_store_checkpoint(&k, token, point, state, now))
+		report_refused(&k, token, "checkpoint");
+	idem_store_end();
 
 	PG_RETURN_VOID();
 }

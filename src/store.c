@@ -16,6 +16,8 @@
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "miscadmin.h"
+#include "utils/guc.h"
 #include "optimizer/cost.h"
 #include "optimizer/planner.h"
 #include "lib/stringinfo.h"
@@ -316,6 +318,7 @@ static Oid	cached_table = InvalidOid;
 static bool table_verified = false;
 static bool has_checkpoints = false;	/* recovery_point and state (1.1) */
 static bool table_distributed = false;	/* by Citus (citus.c) */
+static bool table_as_made = false;	/* as the extension made it */
 static SPIPlanPtr plans[NUM_QUERIES];
 
 /*
@@ -349,32 +352,41 @@ static bool syscache_callback_registered = false;
  * be a sequential scan, and the plan cache keeps it until the next
  * invalidation, however large the table grows.  So while one of our
  * statements is being planned, sequential scans are discouraged.
+ *
+ * idem_store_statement_starting is set from just before one of our
+ * statements is run until its ExecutorStart (readers.c), which calls
+ * idem_store_statement_started(): whatever is planned in between is our
+ * statement, and whatever starts after it (a user's trigger on the table)
+ * is not.  The command ID our writes are stamped with, when a held claim
+ * is written (pending.c), is applied there.
  */
 static planner_hook_type prev_planner_hook = NULL;
+bool		idem_store_statement_starting = false;
+static CommandId stamp_cid = InvalidCommandId;
 
-/*
- * The executor nesting depth (readers.c) at which one of our statements is
- * being planned or started, or -1.  Statements nested deeper (a user's
- * trigger on the table, fired by our statement) are the user's own: they
- * are planned as usual, and classified as any statement is.
- */
-static int	store_statement_depth = -1;
+/* Is citus among shared_preload_libraries?  Read once, in _PG_init. */
+static bool citus_preloaded = false;
 
 static PlannedStmt *
-store_planner(Query *parse, const char *query_string, int cursorOptions,
-			  ParamListInfo boundParams)
+plan_statement(Query *parse, const char *query_string, int cursorOptions,
+			   ParamListInfo boundParams)
+{
+	if (prev_planner_hook)
+		return prev_planner_hook(parse, query_string, cursorOptions, boundParams);
+	return standard_planner(parse, query_string, cursorOptions, boundParams);
+}
+
+static PlannedStmt *
+plan_own_statement(Query *parse, const char *query_string, int cursorOptions,
+				   ParamListInfo boundParams)
 {
 	PlannedStmt *result;
 	bool		save_enable_seqscan = enable_seqscan;
 
-	if (idem_store_running())
-		enable_seqscan = false;
+	enable_seqscan = false;
 	PG_TRY();
 	{
-		if (prev_planner_hook)
-			result = prev_planner_hook(parse, query_string, cursorOptions, boundParams);
-		else
-			result = standard_planner(parse, query_string, cursorOptions, boundParams);
+		result = plan_statement(parse, query_string, cursorOptions, boundParams);
 	}
 	PG_FINALLY();
 	{
@@ -382,6 +394,43 @@ store_planner(Query *parse, const char *query_string, int cursorOptions,
 	}
 	PG_END_TRY();
 	return result;
+}
+
+static PlannedStmt *
+store_planner(Query *parse, const char *query_string, int cursorOptions,
+			  ParamListInfo boundParams)
+{
+	if (likely(!idem_store_statement_starting && !citus_preloaded))
+		return plan_statement(parse, query_string, cursorOptions, boundParams);
+	if (idem_store_statement_starting)
+		return plan_own_statement(parse, query_string, cursorOptions, boundParams);
+	idem_citus_refuse_crashing_call(parse);
+	return plan_statement(parse, query_string, cursorOptions, boundParams);
+}
+
+/* One of our statements has started: stamp its writes if asked to. */
+void
+idem_store_statement_started(QueryDesc *queryDesc)
+{
+	if (stamp_cid != InvalidCommandId && queryDesc->estate != NULL)
+		queryDesc->estate->es_output_cid = stamp_cid;
+}
+
+/*
+ * Stamp the rows our next statements write with command ID cid, the one
+ * they would have had had they run when a held claim was made or settled
+ * (pending.c); InvalidCommandId stops it.
+ */
+void
+idem_store_stamp_writes(CommandId cid)
+{
+	stamp_cid = cid;
+}
+
+bool
+idem_citus_preloaded(void)
+{
+	return citus_preloaded;
 }
 
 /*
@@ -392,6 +441,8 @@ idem_store_init(void)
 {
 	prev_planner_hook = planner_hook;
 	planner_hook = store_planner;
+	citus_preloaded = shared_preload_libraries_string != NULL &&
+		strstr(shared_preload_libraries_string, "citus") != NULL;
 }
 
 /*
@@ -477,6 +528,7 @@ store_attach(Oid nsp)
 		store_forget_plans();
 	has_checkpoints = idem_table_has_checkpoints(table);
 	table_distributed = idem_citus_is_distributed(table);
+	table_as_made = idem_table_is_as_made(table);
 	idem_direct_read_attach(table, key_index);
 	cached_schema = nsp;
 	cached_table = table;
@@ -545,12 +597,15 @@ idem_store_is_table(Oid relid)
 	return OidIsValid(relid) && relid == cached_table;
 }
 
-/* Is one of our statements being planned or started right now? */
+/*
+ * Is the table exactly as the extension made it (table_shape.c)?  Only
+ * then may a claim be held (pending.c).  Kept with the shape check, and
+ * looked at again after any invalidation of the table.
+ */
 bool
-idem_store_running(void)
+idem_store_table_as_made(void)
 {
-	return store_statement_depth >= 0 &&
-		store_statement_depth == idem_readers_depth();
+	return table_as_made;
 }
 
 /*
@@ -687,17 +742,16 @@ store_run(IdemQuery q, Datum *values, const char *nulls, bool read_only,
 		  long tcount)
 {
 	SPIPlanPtr	plan = store_plan(q);
-	int			save_depth = store_statement_depth;
 	int			rc;
 
-	store_statement_depth = idem_readers_depth();
+	idem_store_statement_starting = true;
 	PG_TRY();
 	{
 		rc = SPI_execute_plan(plan, values, nulls, read_only, tcount);
 	}
 	PG_FINALLY();
 	{
-		store_statement_depth = save_depth;
+		idem_store_statement_starting = false;
 	}
 	PG_END_TRY();
 	if (rc < 0)
@@ -784,8 +838,10 @@ record_from_tuple(IdemRecord *rec)
 	Datum		d;
 
 	d = SPI_getbinval(tup, desc, c, &isnull);
+	idem_check_not_null(isnull, "status");
 	rec->status = idem_status_from_text((text *) DatumGetPointer(d));
 	rec->token = DatumGetInt64(SPI_getbinval(tup, desc, c + 1, &isnull));
+	idem_check_not_null(isnull, "token");
 
 	d = SPI_getbinval(tup, desc, c + 2, &isnull);
 	rec->fingerprint = isnull ? NULL : (text *) DatumGetPointer(varlena_in_place(d));
@@ -794,10 +850,13 @@ record_from_tuple(IdemRecord *rec)
 	rec->response = rec->response_isnull ? (Datum) 0 : varlena_in_place(d);
 
 	rec->expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, c + 4, &isnull));
+	idem_check_not_null(isnull, "expires_at");
 	rec->lease_expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, c + 5,
 															  &rec->lease_isnull));
 	rec->created_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, c + 6, &isnull));
+	idem_check_not_null(isnull, "created_at");
 	rec->updated_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, c + 7, &isnull));
+	idem_check_not_null(isnull, "updated_at");
 	rec->xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, c + 8, &isnull));
 
 	d = SPI_getbinval(tup, desc, c + 9, &isnull);
@@ -806,6 +865,20 @@ record_from_tuple(IdemRecord *rec)
 	rec->state = isnull ? (Datum) 0 : varlena_in_place(d);
 }
 
+/*
+ * A column the extension made NOT NULL was read as NULL: the constraint was
+ * dropped and a row written around the functions.  Refuse, never read it.
+ */
+void
+idem_check_not_null(bool isnull, const char *column)
+{
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("an idempotency record has a null value in column \"%s\"", column),
+				 errdetail("The idempotency extension made the column NOT NULL, and its functions never store a null there."),
+				 errhint("Correct or delete the record, and restore the column's NOT NULL constraint.")));
+}
 
 /*
  * Read the record of k.  Returns false when there is none.  fresh_snapshot

@@ -14,9 +14,17 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/relation.h"
+#include "access/table.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_constraint.h"
 #include "catalog/pg_index.h"
+#include "catalog/pg_inherits.h"
 #include "catalog/pg_type.h"
+#include "utils/fmgroids.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
@@ -177,4 +185,146 @@ idem_check_result_shape(Oid table, TupleDesc desc, const Oid *types, int n)
 								 psprintf("A statement on it returned type %s where %s was expected.",
 										  format_type_be(type), format_type_be(types[i])));
 	}
+}
+
+/*
+ * Has the table no constraint but its key (and, from PostgreSQL 18, its
+ * NOT NULL constraints, which pg_constraint lists too)?
+ */
+static bool
+only_key_constraint(Oid table)
+{
+	Relation	catalog = table_open(ConstraintRelationId, AccessShareLock);
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	bool		only_key = true;
+
+	ScanKeyInit(&key, Anum_pg_constraint_conrelid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(table));
+	scan = systable_beginscan(catalog, ConstraintRelidTypidNameIndexId, true,
+							  NULL, 1, &key);
+	while (only_key && HeapTupleIsValid(tup = systable_getnext(scan)))
+	{
+		char		type = ((Form_pg_constraint) GETSTRUCT(tup))->contype;
+
+		only_key = type == CONSTRAINT_PRIMARY || type == 'n';
+	}
+	systable_endscan(scan);
+	table_close(catalog, AccessShareLock);
+	return only_key;
+}
+
+/* The collation each column was made with (text columns only). */
+static Oid
+collation_as_made(const char *column)
+{
+	if (strcmp(column, "tenant_id") == 0 || strcmp(column, "key") == 0)
+		return C_COLLATION_OID;
+	return DEFAULT_COLLATION_OID;
+}
+
+/* Is the column attr (not dropped) one the extension made, as it made it? */
+static bool
+column_is_as_made(Form_pg_attribute attr)
+{
+	const char *name = NameStr(attr->attname);
+	bool		known = false;
+	bool		not_null = true;
+
+	for (size_t i = 0; i < lengthof(expected_columns) && !known; i++)
+		if (strcmp(name, expected_columns[i].name) == 0)
+		{
+			known = attr->atttypid == expected_columns[i].type;
+			not_null = strcmp(name, "lease_expires_at") != 0 &&
+				strcmp(name, "fingerprint") != 0 &&
+				strcmp(name, "response") != 0;
+		}
+	for (size_t i = 0; i < lengthof(checkpoint_columns) && !known; i++)
+		if (strcmp(name, checkpoint_columns[i].name) == 0)
+		{
+			known = attr->atttypid == checkpoint_columns[i].type;
+			not_null = false;
+		}
+	if (!known || attr->atthasdef || attr->attgenerated != '\0' ||
+		attr->attidentity != '\0' || attr->attnotnull != not_null)
+		return false;
+	return !OidIsValid(attr->attcollation) ||
+		attr->attcollation == collation_as_made(name);
+}
+
+/*
+ * Is indexoid one the extension makes: the key index, or a plain btree
+ * over columns with their default operator classes and collations (the
+ * expires_at index, and those of idem_create_index)?  Such an index runs no
+ * code but PostgreSQL's own, and only the key index can refuse a row.
+ */
+static bool
+index_is_as_made(Oid indexoid, Oid key_index)
+{
+	Relation	index = index_open(indexoid, AccessShareLock);
+	Form_pg_index form = index->rd_index;
+	bool		plain = index->rd_rel->relam == BTREE_AM_OID &&
+		(indexoid == key_index || !form->indisunique) &&
+		!form->indisexclusion && form->indimmediate &&
+		RelationGetIndexExpressions(index) == NIL &&
+		RelationGetIndexPredicate(index) == NIL;
+
+	for (int i = 0; i < form->indnatts && plain; i++)
+		plain = index->rd_opcintype[i] != InvalidOid &&
+			index->rd_opfamily[i] < FirstNormalObjectId &&
+			(!OidIsValid(index->rd_indcollation[i]) ||
+			 index->rd_indcollation[i] < FirstNormalObjectId);
+	index_close(index, AccessShareLock);
+	return plain;
+}
+
+/*
+ * Is the table exactly as the extension made it: a plain heap table with
+ * only its own columns (types, collations, NOT NULL, no defaults), only the
+ * key constraint, indexes as index_is_as_made() says, and no triggers,
+ * rules, row-level security, children or parent?  Then an INSERT, UPDATE
+ * or DELETE of a record runs no code but PostgreSQL's own and can fail only
+ * on the key, so a claim may be held (pending.c).  Anything else and
+ * claims are written at once, where whatever was added takes effect.
+ */
+bool
+idem_table_is_as_made(Oid table)
+{
+	Relation	rel = relation_open(table, AccessShareLock);
+	Form_pg_class form = rel->rd_rel;
+	TupleDesc	desc = RelationGetDescr(rel);
+	Oid			key_index = InvalidOid;
+	bool		as_made;
+	List	   *indexes;
+	ListCell   *lc;
+
+	/*
+	 * relhastriggers and relhassubclass may stay set after the last trigger
+	 * or child is gone (until VACUUM): look at what there is.
+	 */
+	as_made = form->relkind == RELKIND_RELATION && form->relam == HEAP_TABLE_AM_OID &&
+		rel->trigdesc == NULL && rel->rd_rules == NULL && !form->relrowsecurity &&
+		!form->relforcerowsecurity && !form->relispartition &&
+		(!form->relhassubclass || find_inheritance_children(table, NoLock) == NIL) &&
+		(desc->constr == NULL || (desc->constr->num_check == 0 &&
+								  desc->constr->num_defval == 0));
+	for (int i = 0; i < desc->natts && as_made; i++)
+	{
+		Form_pg_attribute attr = TupleDescAttr(desc, i);
+
+		if (!attr->attisdropped)
+			as_made = column_is_as_made(attr);
+	}
+	if (as_made)
+	{
+		indexes = RelationGetIndexList(rel);
+		key_index = rel->rd_pkindex;
+		foreach(lc, indexes)
+			if (as_made)
+				as_made = index_is_as_made(lfirst_oid(lc), key_index);
+		list_free(indexes);
+	}
+	relation_close(rel, AccessShareLock);
+	return as_made && OidIsValid(key_index) && only_key_constraint(table);
 }
