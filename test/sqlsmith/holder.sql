@@ -1,13 +1,15 @@
 -- One round of a claim holder (test/sqlsmith/run runs it over and over in
 -- two sessions while SQLsmith runs, twenty times per connection): a
--- transaction claiming a key (mostly fresh, sometimes one of a small set,
--- so replays and in_progress answers happen too), holding it a moment,
--- then completing, releasing with a failure or rolling back.  The claim's outcome is
--- printed; the run counts the `outcome claimed` lines.
+-- transaction claiming a key (mostly fresh, sometimes one of a small set
+-- both holders use, so replays, failures and in_progress answers happen
+-- too), holding it a moment, then completing, releasing with a failure or
+-- rolling back.  The claim's outcome is printed; the run counts the
+-- `outcome claimed` lines.
 \set ON_ERROR_STOP off
 SET statement_timeout = '5s';
 SET lock_timeout = '2s';
-SELECT :'holder' || '-' || CASE WHEN random() < 0.8 THEN md5(random()::text) ELSE (floor(random() * 20))::int::text END AS key,
+SELECT CASE WHEN random() < 0.8 THEN :'holder' || '-' || md5(random()::text)
+            ELSE 'shared-' || (floor(random() * 4))::int END AS key,
        random() AS pick \gset
 \set outcome none
 \set token NULL
