@@ -272,7 +272,7 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 				res->outcome = IDEM_OUTCOME_IN_PROGRESS;
 				break;
 			}
-			token = idem_fresh_token(now);
+			token = idem_fresh_token(idem_store_token_sequence(), now);
 			lease_end = idem_add_duration(now, args->lease_us, "lease");
 
 			if (defer)
@@ -310,7 +310,8 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 		{
 			bool		new_lifetime = rec.status != IDEM_PROCESSING;
 			TimestampTz lease_end = idem_add_duration(now, args->lease_us, "lease");
-			int64		token = idem_successor_token(now, rec.token);
+			int64		token = idem_successor_token(idem_store_token_sequence(),
+													 now, rec.token);
 
 			if (idem_store_take_over(k, rec.token, token, args->fingerprint,
 									 new_lifetime, now, lease_end, args->ttl_us))

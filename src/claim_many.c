@@ -310,7 +310,7 @@ lock_free_keys(Batch *batch, int from, int to, TimestampTz now)
 			idem_keylock_acquire(&bk->k, 0) == IDEM_KEYLOCK_BUSY)
 			continue;
 		bk->locked = true;
-		bk->token = idem_fresh_token(now);
+		bk->token = idem_fresh_token(idem_store_token_sequence(), now);
 		locked++;
 	}
 	return locked;

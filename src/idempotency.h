@@ -215,7 +215,8 @@ extern void idem_check_not_null(bool isnull, const char *column);
 
 /* ---------- the replay fast path (direct_read.c) ---------- */
 
-extern void idem_direct_read_attach(Oid table, Oid key_index);
+extern void idem_direct_read_attach(Oid table, Oid key_index,
+									bool distributed);
 extern bool idem_direct_read(const IdemKey *k, IdemRecord *rec,
 							 bool fresh_snapshot, bool *found);
 extern bool idem_direct_probe_available(void);
@@ -266,7 +267,10 @@ typedef enum IdemKeyLockResult
 } IdemKeyLockResult;
 
 extern IdemKeyLockResult idem_keylock_acquire(const IdemKey *k, int64 wait_us);
-extern void idem_keylock_hold(const IdemKey *k);
+/* Which transaction still in flight has inserted k (direct_read.c)? */
+typedef TransactionId (*IdemInserterProbe) (const IdemKey *k);
+
+extern void idem_keylock_hold(const IdemKey *k, IdemInserterProbe inserter_of);
 extern void idem_keylock_release(const IdemKey *k);
 extern bool idem_keylock_wait_for_inserter(TransactionId xid, int64 wait_us);
 
@@ -322,7 +326,6 @@ extern bool idem_pending_table_in(List *relation_oids);
 /* ---------- the hooks that write held claims in time (readers.c) ---------- */
 
 extern void idem_readers_init(void);
-extern char *idem_own_function_symbol(Oid fn_oid);
 
 /* ---------- claiming (claim.c) ---------- */
 
@@ -372,9 +375,9 @@ extern void idem_claim_result_columns(const IdemClaimResult *res,
 /* ---------- fencing tokens (tokens.c) ---------- */
 
 extern void idem_tokens_request_shmem(void);
-extern int64 idem_fresh_tokens(TimestampTz now, int n);
-extern int64 idem_fresh_token(TimestampTz now);
-extern int64 idem_successor_token(TimestampTz now, int64 old);
+extern int64 idem_fresh_tokens(Oid sequence, TimestampTz now, int n);
+extern int64 idem_fresh_token(Oid sequence, TimestampTz now);
+extern int64 idem_successor_token(Oid sequence, TimestampTz now, int64 old);
 
 /* ---------- statistics in shared memory (stats.c) ---------- */
 

@@ -501,7 +501,7 @@ idem_pending_release(IdemPendingClaim *p, TimestampTz now)
 {
 	if (!may_record_settle(p, ACL_SELECT | ACL_DELETE))
 		return false;
-	p->successor_token = idem_successor_token(now, p->token);
+	p->successor_token = idem_successor_token(idem_store_token_sequence(), now, p->token);
 	p->settle_cid = act_as_statement();
 	p->settle = IDEM_HELD_RELEASED;
 	p->settled_at = now;

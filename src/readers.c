@@ -32,45 +32,14 @@
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "catalog/pg_language.h"
-#include "catalog/pg_proc.h"
 #include "executor/executor.h"
 #include "tcop/utility.h"
-#include "utils/builtins.h"
-#include "utils/syscache.h"
 
 #include "compat.h"
 #include "idempotency.h"
 
 static ExecutorStart_hook_type prev_executor_start = NULL;
 static ProcessUtility_hook_type prev_process_utility = NULL;
-
-/*
- * The C symbol of fn_oid when it is one of this extension's functions
- * (C language, $libdir/idempotency), or NULL.
- */
-char *
-idem_own_function_symbol(Oid fn_oid)
-{
-	HeapTuple	tup;
-	char	   *symbol = NULL;
-
-	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn_oid));
-	if (!HeapTupleIsValid(tup))
-		return NULL;
-	if (((Form_pg_proc) GETSTRUCT(tup))->prolang == ClanguageId)
-	{
-		bool		isnull;
-		Datum		bin = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_probin, &isnull);
-
-		if (!isnull && strcmp(TextDatumGetCString(bin), "$libdir/idempotency") == 0)
-			symbol = TextDatumGetCString(SysCacheGetAttr(PROCOID, tup,
-														 Anum_pg_proc_prosrc, &isnull));
-	}
-	ReleaseSysCache(tup);
-	return symbol;
-}
-
 
 /*
  * A statement is starting while claims are held, or one of our own is:

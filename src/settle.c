@@ -132,7 +132,7 @@ idem_complete(PG_FUNCTION_ARGS)
 							 GetCurrentTimestamp()))
 	{
 		idem_store_begin(fcinfo);
-		idem_keylock_hold(&k);
+		idem_keylock_hold(&k, idem_direct_inserter);
 		if (!idem_store_finish(&k, token, IDEM_COMPLETED, response,
 							   response_isnull, GetCurrentTimestamp()))
 			report_refused(&k, token, "complete");
@@ -174,9 +174,14 @@ idem_release(PG_FUNCTION_ARGS)
 		TimestampTz now = GetCurrentTimestamp();
 
 		idem_store_begin(fcinfo);
-		idem_keylock_hold(&k);
+		idem_keylock_hold(&k, idem_direct_inserter);
 		if (failure_isnull)
-			done = idem_store_release(&k, token, idem_successor_token(now, token), now);
+		{
+			int64		successor = idem_successor_token(idem_store_token_sequence(),
+														 now, token);
+
+			done = idem_store_release(&k, token, successor, now);
+		}
 		else
 			done = idem_store_finish(&k, token, IDEM_FAILED, failure, false,
 									 GetCurrentTimestamp());
@@ -217,7 +222,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	if (pending != NULL)
 		idem_pending_materialize(pending);
 	idem_store_begin(fcinfo);
-	idem_keylock_hold(&k);
+	idem_keylock_hold(&k, idem_direct_inserter);
 	if (!idem_store_extend_lease(&k, token, now, lease_end))
 		report_refused(&k, token, "heartbeat");
 	idem_store_end();
@@ -262,7 +267,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("recovery points need version 1.1 of the idempotency extension"),
 				 errhint("Run ALTER EXTENSION idempotency UPDATE.")));
-	idem_keylock_hold(&k);
+	idem_keylock_hold(&k, idem_direct_inserter);
 	if (!idem_store_checkpoint(&k, token, point, state, now))
 		report_refused(&k, token, "checkpoint");
 	idem_store_end();

@@ -1,11 +1,14 @@
 /*
  * store.c
- *		The only code that reads or writes idempotency_records.
+ *		Every statement on idempotency_records: the record-access layer.
  *
- * Every access is a prepared SPI statement on the schema-qualified table,
- * never a direct heap or index scan: privileges and row-level security stay
- * in force, and the same statements work when the table is a distributed
- * shell on a scale-out cluster.  Each hot-path statement targets one
+ * Every write, and every read but the replay fast path (direct_read.c,
+ * which this file calls), is a prepared SPI statement on the
+ * schema-qualified table, never a direct heap or index scan: privileges and
+ * row-level security stay in force, and the same statements work when the
+ * table is a distributed shell on a scale-out cluster (citus.c).  Held
+ * claims (pending.c) and the entry points call this file; it calls only the
+ * layers below it (test/layers/check.py).  Each hot-path statement targets one
  * (tenant_id, key); "now" is computed in C and passed as a parameter.
  *
  * Plans are prepared once per backend and kept.  A relcache callback on the
@@ -529,7 +532,7 @@ store_attach(Oid nsp)
 	has_checkpoints = idem_table_has_checkpoints(table);
 	table_distributed = idem_citus_is_distributed(table);
 	table_as_made = idem_table_is_as_made(table);
-	idem_direct_read_attach(table, key_index);
+	idem_direct_read_attach(table, key_index, table_distributed);
 	cached_schema = nsp;
 	cached_table = table;
 	table_verified = true;
@@ -771,45 +774,6 @@ interval_datum(int64 us)
 	return IntervalPGetDatum(span);
 }
 
-/* The status column's value; the first letter tells the three apart. */
-IdemStatus
-idem_status_from_text(text *t)
-{
-	const char *s = VARDATA_ANY(t);
-
-	if (VARSIZE_ANY_EXHDR(t) > 0)
-	{
-		switch (s[0])
-		{
-			case 'p':
-				return IDEM_PROCESSING;
-			case 'c':
-				return IDEM_COMPLETED;
-			case 'f':
-				return IDEM_FAILED;
-		}
-	}
-	ereport(ERROR,
-			(errcode(ERRCODE_DATA_CORRUPTED),
-			 errmsg("idempotency record has unknown status \"%s\"", text_to_cstring(t))));
-	return IDEM_FAILED;			/* keep compiler quiet */
-}
-
-const char *
-idem_status_name(IdemStatus status)
-{
-	switch (status)
-	{
-		case IDEM_PROCESSING:
-			return "processing";
-		case IDEM_COMPLETED:
-			return "completed";
-		case IDEM_FAILED:
-			return "failed";
-	}
-	return "unknown";
-}
-
 /*
  * A varlena from an SPI tuple that stays valid until idem_store_end():
  * inline values are used in place; a compressed or out-of-line value (a
@@ -863,21 +827,6 @@ record_from_tuple(IdemRecord *rec)
 	rec->recovery_point = isnull ? NULL : (text *) DatumGetPointer(varlena_in_place(d));
 	d = SPI_getbinval(tup, desc, c + 10, &isnull);
 	rec->state = isnull ? (Datum) 0 : varlena_in_place(d);
-}
-
-/*
- * A column the extension made NOT NULL was read as NULL: the constraint was
- * dropped and a row written around the functions.  Refuse, never read it.
- */
-void
-idem_check_not_null(bool isnull, const char *column)
-{
-	if (isnull)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("an idempotency record has a null value in column \"%s\"", column),
-				 errdetail("The idempotency extension made the column NOT NULL, and its functions never store a null there."),
-				 errhint("Correct or delete the record, and restore the column's NOT NULL constraint.")));
 }
 
 /*
