@@ -86,22 +86,63 @@ typedef enum IdemQuery
 	" pg_catalog.unnest($3::pg_catalog.int8[]), pg_catalog.unnest($7::pg_catalog.text[]))" \
 	" AS u(key, token, fingerprint)"
 
-static const char *const query_text[NUM_QUERIES] = {
-	[Q_READ] =
-	"SELECT status, token, fingerprint, response, expires_at, lease_expires_at,"
-	" created_at, updated_at, xmin, @POINT@, @STATE@ FROM %1$s" BY_KEY,
+/*
+ * One entry per statement: its text, its argument types and, for a
+ * statement that returns rows, the column types of its result (table_shape.c
+ * checks them before anything is read).  ARGS and RESULT count what they
+ * are given, so a statement is added or changed in this one place.
+ */
+typedef struct IdemStatement
+{
+	const char *text;
+	int			nargs;
+	Oid			argtypes[13];
+	int			ncolumns;
+	Oid			columns[11];
+} IdemStatement;
+
+#define ARGS(...) \
+	.argtypes = {__VA_ARGS__}, .nargs = lengthof(((Oid[]) {__VA_ARGS__}))
+#define RESULT(...) \
+	.columns = {__VA_ARGS__}, .ncolumns = lengthof(((Oid[]) {__VA_ARGS__}))
+#define RECORD_COLUMNS TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID, \
+	TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, XIDOID, TEXTOID, JSONBOID
+#define SWEPT_COLUMNS BOOLOID, TIMESTAMPTZOID
+
+static const IdemStatement statements[NUM_QUERIES] = {
+	[Q_READ] = {
+		.text =
+		"SELECT status, token, fingerprint, response, expires_at, lease_expires_at,"
+		" created_at, updated_at, xmin, @POINT@, @STATE@ FROM %1$s" BY_KEY,
+		ARGS(TEXTOID, TEXTOID),
+		RESULT(RECORD_COLUMNS),
+	},
 
 	/* one row per fresh key; RETURNING says which went in */
-	[Q_INSERT_MANY] = INSERT_MANY " ON CONFLICT (tenant_id, key) DO NOTHING RETURNING key",
+	[Q_INSERT_MANY] = {
+		.text = INSERT_MANY " ON CONFLICT (tenant_id, key) DO NOTHING RETURNING key",
+		ARGS(TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+			INTERVALOID, TEXTARRAYOID),
+		RESULT(TEXTOID),
+	},
 
 	/* the same without speculative insertion: any existing key is an error */
-	[Q_INSERT_MANY_PLAIN] = INSERT_MANY " RETURNING key",
+	[Q_INSERT_MANY_PLAIN] = {
+		.text = INSERT_MANY " RETURNING key",
+		ARGS(TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+			INTERVALOID, TEXTARRAYOID),
+		RESULT(TEXTOID),
+	},
 
-	[Q_INSERT] =
-	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
-	" created_at, updated_at, ttl, status, fingerprint)"
-	" VALUES ($1, $2, $3, $4, $4, $5, $5, $6, 'processing', $7)"
-	" ON CONFLICT (tenant_id, key) DO NOTHING",
+	[Q_INSERT] = {
+		.text =
+		"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
+		" created_at, updated_at, ttl, status, fingerprint)"
+		" VALUES ($1, $2, $3, $4, $4, $5, $5, $6, 'processing', $7)"
+		" ON CONFLICT (tenant_id, key) DO NOTHING",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID,
+			TEXTOID),
+	},
 
 	/*
 	 * A held claim written in its final form (pending.c).  No ON
@@ -109,98 +150,148 @@ static const char *const query_text[NUM_QUERIES] = {
 	 * the key is free, so only a record written around the lock can
 	 * conflict, and pending.c turns that error into its own.
 	 */
-	[Q_WRITE_ONCE] =
-	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
-	" created_at, updated_at, ttl, status, fingerprint, response @CHECKPOINT_COLUMNS@)"
-	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 @CHECKPOINT_VALUES@)",
+	[Q_WRITE_ONCE] = {
+		.text =
+		"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
+		" created_at, updated_at, ttl, status, fingerprint, response @CHECKPOINT_COLUMNS@)"
+		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 @CHECKPOINT_VALUES@)",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+			TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, TEXTOID, JSONBOID,
+			TEXTOID, JSONBOID),
+	},
 
 	/* $8: a new lifetime (expired record reused) rather than a takeover */
-	[Q_TAKE_OVER] =
-	"UPDATE %1$s SET status = 'processing', token = $9,"
-	" fingerprint = CASE WHEN $8 THEN $4 ELSE COALESCE($4, fingerprint) END,"
-	" created_at = CASE WHEN $8 THEN $5 ELSE created_at END,"
-	" response = NULL, lease_expires_at = $6, expires_at = $6, ttl = $7, updated_at = $5"
-	" @CHECKPOINT_RESET@"
-	BY_KEY "AND token" EQ "$3 AND expires_at OPERATOR(pg_catalog.<=) $5"
-	" RETURNING token",
+	[Q_TAKE_OVER] = {
+		.text =
+		"UPDATE %1$s SET status = 'processing', token = $9,"
+		" fingerprint = CASE WHEN $8 THEN $4 ELSE COALESCE($4, fingerprint) END,"
+		" created_at = CASE WHEN $8 THEN $5 ELSE created_at END,"
+		" response = NULL, lease_expires_at = $6, expires_at = $6, ttl = $7, updated_at = $5"
+		" @CHECKPOINT_RESET@"
+		BY_KEY "AND token" EQ "$3 AND expires_at OPERATOR(pg_catalog.<=) $5"
+		" RETURNING token",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+			INTERVALOID, BOOLOID, INT8OID),
+		RESULT(INT8OID),
+	},
 
-	[Q_FAIL_STALE] =
-	"UPDATE %1$s SET status = 'failed', response = $4, lease_expires_at = NULL,"
-	" expires_at =" EXPIRY(5) ", updated_at = $5"
-	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
-	" AND expires_at OPERATOR(pg_catalog.<=) $5"
-	" RETURNING status, token, fingerprint, response, expires_at, lease_expires_at,"
-	" created_at, updated_at, xmin, @POINT@, @STATE@",
+	[Q_FAIL_STALE] = {
+		.text =
+		"UPDATE %1$s SET status = 'failed', response = $4, lease_expires_at = NULL,"
+		" expires_at =" EXPIRY(5) ", updated_at = $5"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
+		" AND expires_at OPERATOR(pg_catalog.<=) $5"
+		" RETURNING status, token, fingerprint, response, expires_at, lease_expires_at,"
+		" created_at, updated_at, xmin, @POINT@, @STATE@",
+		ARGS(TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID),
+		RESULT(RECORD_COLUMNS),
+	},
 
-	[Q_FINISH] =
-	"UPDATE %1$s SET status = $4, response = $5, lease_expires_at = NULL,"
-	" expires_at =" EXPIRY(6) ", updated_at = $6"
-	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+	[Q_FINISH] = {
+		.text =
+		"UPDATE %1$s SET status = $4, response = $5, lease_expires_at = NULL,"
+		" expires_at =" EXPIRY(6) ", updated_at = $6"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID),
+	},
 
 	/* a release without failure: a record with a recovery point is kept */
-	[Q_DELETE_CLAIM] =
-	"DELETE FROM %1$s" BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
-	" @NO_CHECKPOINT@",
+	[Q_DELETE_CLAIM] = {
+		.text =
+		"DELETE FROM %1$s" BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
+		" @NO_CHECKPOINT@",
+		ARGS(TEXTOID, TEXTOID, INT8OID),
+	},
 
 	/*
 	 * ... and is handed on instead: its lease ends now and it gets a new
 	 * token (the releasing holder's is refused from now on), so the next
 	 * claim takes it over and resumes from its recovery point.
 	 */
-	[Q_RELEASE_KEEP] =
-	"UPDATE %1$s SET token = $4, lease_expires_at = $5, expires_at = $5, updated_at = $5"
-	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
-	" AND recovery_point IS NOT NULL",
+	[Q_RELEASE_KEEP] = {
+		.text =
+		"UPDATE %1$s SET token = $4, lease_expires_at = $5, expires_at = $5, updated_at = $5"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
+		" AND recovery_point IS NOT NULL",
+		ARGS(TEXTOID, TEXTOID, INT8OID, INT8OID, TIMESTAMPTZOID),
+	},
 
-	[Q_CHECKPOINT] =
-	"UPDATE %1$s SET recovery_point = $4, state = $5, updated_at = $6"
-	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+	[Q_CHECKPOINT] = {
+		.text =
+		"UPDATE %1$s SET recovery_point = $4, state = $5, updated_at = $6"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID),
+	},
 
-	[Q_EXTEND_LEASE] =
-	"UPDATE %1$s SET lease_expires_at = $4, expires_at = $4, updated_at = $5"
-	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+	[Q_EXTEND_LEASE] = {
+		.text =
+		"UPDATE %1$s SET lease_expires_at = $4, expires_at = $4, updated_at = $5"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID),
+	},
 
-	[Q_FORGET] =
-	"DELETE FROM %1$s" BY_KEY,
+	[Q_FORGET] = {
+		.text = "DELETE FROM %1$s" BY_KEY,
+		ARGS(TEXTOID, TEXTOID),
+	},
 
 	/*
 	 * Sweep batches lock their rows with SKIP LOCKED, so they never wait on
 	 * a live claim, and re-check the expiry on the newest row version.
 	 */
-	[Q_SWEEP_ALL] =
-	"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
-	" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-	" AND expires_at OPERATOR(pg_catalog.>=) $3"
-	" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
-	" RETURNING status" EQ "'processing', expires_at",
+	[Q_SWEEP_ALL] = {
+		.text =
+		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND expires_at OPERATOR(pg_catalog.>=) $3"
+		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
+		" RETURNING status" EQ "'processing', expires_at",
+		ARGS(TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID),
+		RESULT(SWEPT_COLUMNS),
+	},
 
-	[Q_SWEEP_TERMINAL] =
-	"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
-	" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-	" AND expires_at OPERATOR(pg_catalog.>=) $3"
-	" AND status OPERATOR(pg_catalog.<>) 'processing'"
-	" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
-	" RETURNING false, expires_at",
+	[Q_SWEEP_TERMINAL] = {
+		.text =
+		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND expires_at OPERATOR(pg_catalog.>=) $3"
+		" AND status OPERATOR(pg_catalog.<>) 'processing'"
+		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
+		" RETURNING false, expires_at",
+		ARGS(TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID),
+		RESULT(SWEPT_COLUMNS),
+	},
 
 	/* every expired row with one given expiry (see idem_store_sweep_group) */
-	[Q_SWEEP_GROUP_ALL] =
-	"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
-	" SELECT ctid FROM %1$s WHERE expires_at" EQ "$1 FOR UPDATE SKIP LOCKED))"
-	" RETURNING status" EQ "'processing', expires_at",
+	[Q_SWEEP_GROUP_ALL] = {
+		.text =
+		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at" EQ "$1 FOR UPDATE SKIP LOCKED))"
+		" RETURNING status" EQ "'processing', expires_at",
+		ARGS(TIMESTAMPTZOID),
+		RESULT(SWEPT_COLUMNS),
+	},
 
-	[Q_SWEEP_GROUP_TERMINAL] =
-	"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
-	" SELECT ctid FROM %1$s WHERE expires_at" EQ "$1"
-	" AND status OPERATOR(pg_catalog.<>) 'processing' FOR UPDATE SKIP LOCKED))"
-	" RETURNING false, expires_at",
+	[Q_SWEEP_GROUP_TERMINAL] = {
+		.text =
+		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at" EQ "$1"
+		" AND status OPERATOR(pg_catalog.<>) 'processing' FOR UPDATE SKIP LOCKED))"
+		" RETURNING false, expires_at",
+		ARGS(TIMESTAMPTZOID),
+		RESULT(SWEPT_COLUMNS),
+	},
 
-	[Q_SWEEP_FAIL_STALE] =
-	"UPDATE %1$s SET status = 'failed', response = $3, lease_expires_at = NULL,"
-	" expires_at =" EXPIRY(1) ", updated_at = $1"
-	" WHERE ctid" EQ "ANY (ARRAY("
-	" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-	" AND status" EQ "'processing'"
-	" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+	[Q_SWEEP_FAIL_STALE] = {
+		.text =
+		"UPDATE %1$s SET status = 'failed', response = $3, lease_expires_at = NULL,"
+		" expires_at =" EXPIRY(1) ", updated_at = $1"
+		" WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND status" EQ "'processing'"
+		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+		ARGS(TIMESTAMPTZOID, INT4OID, JSONBOID),
+	},
 
 	/*
 	 * A sweep of a distributed table from one node: Citus runs these on
@@ -209,104 +300,27 @@ static const char *const query_text[NUM_QUERIES] = {
 	 * checked again in its new version, as an UPDATE or DELETE does under
 	 * READ COMMITTED.
 	 */
-	[Q_CLUSTER_SWEEP_STALE] =
-	"DELETE FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-	" AND status" EQ "'processing'",
+	[Q_CLUSTER_SWEEP_STALE] = {
+		.text =
+		"DELETE FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND status" EQ "'processing'",
+		ARGS(TIMESTAMPTZOID),
+	},
 
-	[Q_CLUSTER_SWEEP_TERMINAL] =
-	"DELETE FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-	" AND status OPERATOR(pg_catalog.<>) 'processing'",
+	[Q_CLUSTER_SWEEP_TERMINAL] = {
+		.text =
+		"DELETE FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND status OPERATOR(pg_catalog.<>) 'processing'",
+		ARGS(TIMESTAMPTZOID),
+	},
 
-	[Q_CLUSTER_SWEEP_FAIL_STALE] =
-	"UPDATE %1$s SET status = 'failed', response = $2, lease_expires_at = NULL,"
-	" expires_at =" EXPIRY(1) ", updated_at = $1"
-	" WHERE expires_at OPERATOR(pg_catalog.<=) $1 AND status" EQ "'processing'",
-};
-
-static const Oid query_argtypes[NUM_QUERIES][13] = {
-	[Q_READ] = {TEXTOID, TEXTOID},
-	[Q_INSERT_MANY] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID,
-	TIMESTAMPTZOID, INTERVALOID, TEXTARRAYOID},
-	[Q_INSERT_MANY_PLAIN] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID,
-	TIMESTAMPTZOID, INTERVALOID, TEXTARRAYOID},
-	[Q_INSERT] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-	INTERVALOID, TEXTOID},
-	[Q_WRITE_ONCE] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-	TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, TEXTOID, JSONBOID,
-	TEXTOID, JSONBOID},
-	[Q_TAKE_OVER] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID,
-	TIMESTAMPTZOID, INTERVALOID, BOOLOID, INT8OID},
-	[Q_FAIL_STALE] = {TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID},
-	[Q_FINISH] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID},
-	[Q_DELETE_CLAIM] = {TEXTOID, TEXTOID, INT8OID},
-	[Q_RELEASE_KEEP] = {TEXTOID, TEXTOID, INT8OID, INT8OID, TIMESTAMPTZOID},
-	[Q_CHECKPOINT] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID},
-	[Q_EXTEND_LEASE] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID},
-	[Q_FORGET] = {TEXTOID, TEXTOID},
-	[Q_SWEEP_ALL] = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID},
-	[Q_SWEEP_TERMINAL] = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID},
-	[Q_SWEEP_GROUP_ALL] = {TIMESTAMPTZOID},
-	[Q_SWEEP_GROUP_TERMINAL] = {TIMESTAMPTZOID},
-	[Q_SWEEP_FAIL_STALE] = {TIMESTAMPTZOID, INT4OID, JSONBOID},
-	[Q_CLUSTER_SWEEP_STALE] = {TIMESTAMPTZOID},
-	[Q_CLUSTER_SWEEP_TERMINAL] = {TIMESTAMPTZOID},
-	[Q_CLUSTER_SWEEP_FAIL_STALE] = {TIMESTAMPTZOID, JSONBOID},
-};
-
-/*
- * The column types of each statement's result (table_shape.c checks them
- * before anything is read), and how many.
- */
-#define RECORD_TYPES {TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID, \
-	TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, XIDOID, TEXTOID, JSONBOID}
-#define SWEPT_TYPES {BOOLOID, TIMESTAMPTZOID}
-
-static const Oid result_types[NUM_QUERIES][11] = {
-	[Q_READ] = RECORD_TYPES,
-	[Q_FAIL_STALE] = RECORD_TYPES,
-	[Q_TAKE_OVER] = {INT8OID},
-	[Q_INSERT_MANY] = {TEXTOID},
-	[Q_INSERT_MANY_PLAIN] = {TEXTOID},
-	[Q_SWEEP_ALL] = SWEPT_TYPES,
-	[Q_SWEEP_TERMINAL] = SWEPT_TYPES,
-	[Q_SWEEP_GROUP_ALL] = SWEPT_TYPES,
-	[Q_SWEEP_GROUP_TERMINAL] = SWEPT_TYPES,
-};
-
-static const int result_ncolumns[NUM_QUERIES] = {
-	[Q_READ] = 11,
-	[Q_FAIL_STALE] = 11,
-	[Q_TAKE_OVER] = 1,
-	[Q_INSERT_MANY] = 1,
-	[Q_INSERT_MANY_PLAIN] = 1,
-	[Q_SWEEP_ALL] = 2,
-	[Q_SWEEP_TERMINAL] = 2,
-	[Q_SWEEP_GROUP_ALL] = 2,
-	[Q_SWEEP_GROUP_TERMINAL] = 2,
-};
-
-static const int query_nargs[NUM_QUERIES] = {
-	[Q_READ] = 2,
-	[Q_INSERT_MANY] = 7,
-	[Q_INSERT_MANY_PLAIN] = 7,
-	[Q_INSERT] = 7,
-	[Q_WRITE_ONCE] = 13,
-	[Q_TAKE_OVER] = 9,
-	[Q_FAIL_STALE] = 5,
-	[Q_FINISH] = 6,
-	[Q_DELETE_CLAIM] = 3,
-	[Q_RELEASE_KEEP] = 5,
-	[Q_CHECKPOINT] = 6,
-	[Q_EXTEND_LEASE] = 5,
-	[Q_FORGET] = 2,
-	[Q_SWEEP_ALL] = 3,
-	[Q_SWEEP_TERMINAL] = 3,
-	[Q_SWEEP_GROUP_ALL] = 1,
-	[Q_SWEEP_GROUP_TERMINAL] = 1,
-	[Q_SWEEP_FAIL_STALE] = 3,
-	[Q_CLUSTER_SWEEP_STALE] = 1,
-	[Q_CLUSTER_SWEEP_TERMINAL] = 1,
-	[Q_CLUSTER_SWEEP_FAIL_STALE] = 2,
+	[Q_CLUSTER_SWEEP_FAIL_STALE] = {
+		.text =
+		"UPDATE %1$s SET status = 'failed', response = $2, lease_expires_at = NULL,"
+		" expires_at =" EXPIRY(1) ", updated_at = $1"
+		" WHERE expires_at OPERATOR(pg_catalog.<=) $1 AND status" EQ "'processing'",
+		ARGS(TIMESTAMPTZOID, JSONBOID),
+	},
 };
 
 /*
@@ -692,8 +706,8 @@ shard_plan(IdemQuery q)
 		qualified = quote_qualified_identifier(get_namespace_name(get_rel_namespace(sweep_shard)),
 											   get_rel_name(sweep_shard));
 		initStringInfo(&sql);
-		appendStringInfo(&sql, query_text[q], qualified);
-		shard_plans[q] = SPI_prepare(sql.data, query_nargs[q], (Oid *) query_argtypes[q]);
+		appendStringInfo(&sql, statements[q].text, qualified);
+		shard_plans[q] = SPI_prepare(sql.data, statements[q].nargs, (Oid *) statements[q].argtypes);
 		if (shard_plans[q] == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
 				 sql.data, SPI_result_code_string(SPI_result));
@@ -719,10 +733,10 @@ store_plan(IdemQuery q)
 		qualified = quote_qualified_identifier(get_namespace_name(cached_schema),
 											   "idempotency_records");
 		initStringInfo(&sql);
-		appendStringInfo(&sql, query_text[q], qualified);
+		appendStringInfo(&sql, statements[q].text, qualified);
 		text = expand_checkpoint_parts(sql.data);
 
-		plan = SPI_prepare(text, query_nargs[q], (Oid *) query_argtypes[q]);
+		plan = SPI_prepare(text, statements[q].nargs, (Oid *) statements[q].argtypes);
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
 				 text, SPI_result_code_string(SPI_result));
@@ -759,9 +773,9 @@ store_run(IdemQuery q, Datum *values, const char *nulls, bool read_only,
 	PG_END_TRY();
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-	if (SPI_tuptable != NULL && result_ncolumns[q] > 0)
+	if (SPI_tuptable != NULL && statements[q].ncolumns > 0)
 		idem_check_result_shape(cached_table, SPI_tuptable->tupdesc,
-								result_types[q], result_ncolumns[q]);
+								statements[q].columns, statements[q].ncolumns);
 	return SPI_processed;
 }
 
