@@ -5,7 +5,7 @@
  *
  * The fast paths cost one statement: a replay is a single primary-key read
  * (no write), a fresh key is a read that misses, plus one INSERT unless the
- * claim is only held until it settles (pending.c).
+ * claim is only held until it settles (held.c).
  * Only a conflict or an expired record takes more, through a loop that
  * re-reads with a fresh snapshot until the row settles.
  *
@@ -163,7 +163,7 @@ typedef struct ClaimState
 	IdemClaimResult *res;
 	TimestampTz now;
 	TimestampTz deadline;
-	bool		defer;			/* a fresh claim will be held (pending.c) */
+	bool		defer;			/* a fresh claim will be held (held.c) */
 	bool		have_lock;		/* the key lock is ours */
 	bool		fresh;			/* read with a fresh snapshot */
 	int			sleep_ms;		/* next poll while a lease runs */
@@ -204,7 +204,7 @@ static bool
 claim_begin(ClaimState *st, const IdemKey *k, const IdemClaimArgs *args,
 			IdemClaimResult *res)
 {
-	IdemPendingClaim *pending = idem_pending_find(k);
+	IdemHeldClaim *held = idem_held_find(k);
 
 	st->k = k;
 	st->args = args;
@@ -215,21 +215,21 @@ claim_begin(ClaimState *st, const IdemKey *k, const IdemClaimArgs *args,
 	st->fresh = false;
 	st->sleep_ms = IDEM_POLL_MIN_MS;
 
-	if (pending != NULL)
+	if (held != NULL)
 	{
 		clear_result(res);
-		if (fingerprint_differs(pending->fingerprint, args->fingerprint))
+		if (fingerprint_differs(held->fingerprint, args->fingerprint))
 			res->outcome = IDEM_OUTCOME_MISMATCH;
 		else
 		{
 			res->outcome = IDEM_OUTCOME_IN_PROGRESS;
-			res->expires_at = pending->lease_expires_at;
+			res->expires_at = held->lease_expires_at;
 			res->expires_at_isnull = false;
 		}
 		return true;
 	}
 
-	st->defer = args->may_defer && idem_pending_allowed(idem_store_table());
+	st->defer = args->may_defer && idem_held_allowed(idem_store_table());
 	if (st->defer)
 	{
 		st->have_lock = idem_keylock_acquire(k, 0) == IDEM_KEYLOCK_ACQUIRED;
@@ -320,7 +320,7 @@ claim_write_fresh(ClaimState *st)
 	token = idem_fresh_token(idem_store_token_sequence(), st->now);
 	lease_end = idem_add_duration(st->now, st->args->lease_us, "lease");
 	if (st->defer)
-		idem_pending_add(st->k, st->args->fingerprint, token, st->now, lease_end,
+		idem_held_add(st->k, st->args->fingerprint, token, st->now, lease_end,
 						 st->args->ttl_us);
 	else if (!idem_store_insert(st->k, st->args->fingerprint, token, st->now,
 								lease_end, st->args->ttl_us))

@@ -584,7 +584,7 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 
 	/* held claims are written first: this reads more than one key */
-	idem_pending_write_all();
+	idem_held_write_all();
 	idem_store_begin(fcinfo);
 
 	batch.now = GetCurrentTimestamp();

@@ -2,7 +2,7 @@
  * readers.c
  *		Writing held claims before anything could read them.
  *
- * A fresh claim may be held in memory (pending.c), stamped with the
+ * A fresh claim may be held in memory (held.c), stamped with the
  * command ID its INSERT would have had.  Visibility of a transaction's own
  * rows depends only on command IDs, so a held claim written at any moment
  * before the first read of the table is seen by every snapshot exactly as
@@ -53,8 +53,8 @@ armed_executor_start(QueryDesc *queryDesc, int eflags)
 
 	idem_store_statement_starting = false;
 	if (!ours && idem_claims_held && !(eflags & EXEC_FLAG_EXPLAIN_ONLY) &&
-		(plan->parallelModeNeeded || idem_pending_table_in(plan->relationOids)))
-		idem_pending_write_all();
+		(plan->parallelModeNeeded || idem_held_table_in(plan->relationOids)))
+		idem_held_write_all();
 
 	if (prev_executor_start)
 		prev_executor_start(queryDesc, eflags);
@@ -154,7 +154,7 @@ armed_process_utility(PlannedStmt *pstmt, const char *queryString,
 	UtilityKind kind = classify_utility(pstmt->utilityStmt);
 
 	if (kind == UTILITY_READER)
-		idem_pending_write_all();
+		idem_held_write_all();
 
 	run_utility(pstmt, queryString, readOnlyTree, context, params, queryEnv,
 				dest, qc);
@@ -168,7 +168,7 @@ armed_process_utility(PlannedStmt *pstmt, const char *queryString,
 	 * constraint does.
 	 */
 	if (kind == UTILITY_COMMIT)
-		idem_pending_write_final();
+		idem_held_write_final();
 }
 
 static void

@@ -7,7 +7,7 @@
  * schema-qualified table, never a direct heap or index scan: privileges and
  * row-level security stay in force, and the same statements work when the
  * table is a distributed shell on a scale-out cluster (citus.c).  Held
- * claims (pending.c) and the entry points call this file; it calls only the
+ * claims (held.c) and the entry points call this file; it calls only the
  * layers below it (test/layers/check.py).  Each hot-path statement targets one
  * (tenant_id, key); "now" is computed in C and passed as a parameter.
  *
@@ -145,10 +145,10 @@ static const IdemStatement statements[NUM_QUERIES] = {
 	},
 
 	/*
-	 * A held claim written in its final form (pending.c).  No ON
+	 * A held claim written in its final form (held.c).  No ON
 	 * CONFLICT: the writer holds the key lock and read after taking it that
 	 * the key is free, so only a record written around the lock can
-	 * conflict, and pending.c turns that error into its own.
+	 * conflict, and held.c turns that error into its own.
 	 */
 	[Q_WRITE_ONCE] = {
 		.text =
@@ -375,7 +375,7 @@ static bool syscache_callback_registered = false;
  * idem_store_statement_started(): whatever is planned in between is our
  * statement, and whatever starts after it (a user's trigger on the table)
  * is not.  The command ID our writes are stamped with, when a held claim
- * is written (pending.c), is applied there.
+ * is written (held.c), is applied there.
  */
 static planner_hook_type prev_planner_hook = NULL;
 bool		idem_store_statement_starting = false;
@@ -436,7 +436,7 @@ idem_store_statement_started(QueryDesc *queryDesc)
 /*
  * Stamp the rows our next statements write with command ID cid, the one
  * they would have had had they run when a held claim was made or settled
- * (pending.c); InvalidCommandId stops it.
+ * (held.c); InvalidCommandId stops it.
  */
 void
 idem_store_stamp_writes(CommandId cid)
@@ -616,7 +616,7 @@ idem_store_is_table(Oid relid)
 
 /*
  * Is the table exactly as the extension made it (table_shape.c)?  Only
- * then may a claim be held (pending.c).  Kept with the shape check, and
+ * then may a claim be held (held.c).  Kept with the shape check, and
  * looked at again after any invalidation of the table.
  */
 bool
@@ -628,7 +628,7 @@ idem_store_table_as_made(void)
 /*
  * Is the table distributed by Citus?  Then its rows live in shards on
  * other nodes, every statement on it is routed there, and nothing may be
- * held in this backend's memory (pending.c).
+ * held in this backend's memory (held.c).
  */
 bool
 idem_store_distributed(void)
@@ -923,7 +923,7 @@ idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
 
 /*
  * Write the record of a claim that was held rather than written
- * (pending.c), as it stands: processing until lease_expires_at, or already
+ * (held.c), as it stands: processing until lease_expires_at, or already
  * completed or failed and kept for ttl from now.  A plain INSERT: a record
  * that exists raises a unique violation, which the caller must catch.
  */

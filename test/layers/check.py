@@ -30,7 +30,7 @@ LAYERS = {
     "idempotency": 7,
     "claim_many": 6, "worker": 6, "readers": 6,
     "claim": 5, "settle": 5, "lookup": 5, "sweep": 5, "child_key": 5,
-    "pending": 4,
+    "held": 4,
     "store": 3,
     "direct_read": 2, "citus": 2,
     "keylock": 1, "tokens": 1, "table_shape": 1, "stats": 1, "validate": 1,
