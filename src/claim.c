@@ -319,11 +319,11 @@ claim_write_fresh(ClaimState *st)
 	}
 	token = idem_fresh_token(idem_store_token_sequence(), st->now);
 	lease_end = idem_add_duration(st->now, st->args->lease_us, "lease");
-	if (st->defer)
-		idem_held_add(st->k, st->args->fingerprint, token, st->now, lease_end,
-						 st->args->ttl_us);
-	else if (!idem_store_insert(st->k, st->args->fingerprint, token, st->now,
-								lease_end, st->args->ttl_us))
+	if (!(st->defer &&
+		  idem_held_add(st->k, st->args->fingerprint, token, st->now, lease_end,
+						st->args->ttl_us)) &&
+		!idem_store_insert(st->k, st->args->fingerprint, token, st->now,
+						   lease_end, st->args->ttl_us))
 		return CLAIM_CONFLICT;
 	answer_claimed(st->res, token, lease_end);
 	return CLAIM_DONE;

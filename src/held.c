@@ -190,10 +190,10 @@ idem_held_allowed(Oid table)
 
 /*
  * The held, unsettled claim of k in this transaction, or NULL.  A held
- * claim of k that was completed or failed already is written first, so
- * that the caller reads its record as it would have been written; one
- * released without failure has no record, as the table shows, and a new
- * claim of k may be held beside it.
+ * claim of k that was settled already (completed, failed or released) is
+ * written first, so that the caller reads and writes the key as it would
+ * have been written; so is one whose record the caller may not read (the
+ * SELECT it would run checks that): it then meets the read's own error.
  */
 IdemHeldClaim *
 idem_held_find(const IdemKey *k)
@@ -205,13 +205,10 @@ idem_held_find(const IdemKey *k)
 		if (!is_held(p) || !idem_text_equal(p->key, k->key) ||
 			!idem_text_equal(p->tenant_id, k->tenant_id))
 			continue;
-		if (p->settle == IDEM_HELD_OPEN)
+		if (p->settle == IDEM_HELD_OPEN && may_use_table(p->schema, p->table, ACL_SELECT))
 			return p;
-		if (p->settle == IDEM_HELD_FINISHED)
-		{
-			idem_held_materialize(p);
-			return NULL;
-		}
+		idem_held_materialize(p);
+		return NULL;
 	}
 	return NULL;
 }
@@ -231,13 +228,12 @@ table_owner(Oid table)
 }
 
 /*
- * What the INSERT of a processing row would do to everything but the
- * table's contents: lock the table and its indexes as the executor does,
- * take a transaction ID, and use a command ID (returned), after the command
- * counter increment SPI makes before a statement that may write.
+ * The locks and the transaction ID the INSERT of a processing row would
+ * take: the table's and its indexes' RowExclusiveLock, as the executor
+ * takes them.  (Its command ID is act_as_statement's.)
  */
-static CommandId
-act_as_insert(Oid table)
+static void
+lock_as_insert(Oid table)
 {
 	Relation	rel;
 	List	   *indexes;
@@ -252,7 +248,6 @@ act_as_insert(Oid table)
 	list_free(indexes);
 
 	(void) GetCurrentTransactionId();
-	return act_as_statement();
 }
 
 /*
@@ -279,15 +274,23 @@ register_callbacks(void)
 /*
  * Hold a fresh claim.  The caller holds the key lock and has read, after
  * taking it, that the key has no record; idem_held_allowed() said yes.
+ * Returns false when the claim must be written at once after all: taking
+ * the INSERT's lock let in a change to the table that another session
+ * committed meanwhile (a trigger, say), so it is no longer as made.
  */
-void
+bool
 idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
-				 TimestampTz now, TimestampTz lease_expires_at, int64 ttl_us)
+			  TimestampTz now, TimestampTz lease_expires_at, int64 ttl_us)
 {
 	Oid			table = idem_store_table();
-	CommandId	cid = act_as_insert(table);
+	CommandId	cid;
 	MemoryContext old;
 	IdemHeldClaim *p;
+
+	lock_as_insert(table);
+	if (!idem_store_table_as_made() || idem_store_table() != table)
+		return false;
+	cid = act_as_statement();
 
 	register_callbacks();
 	if (held_context == NULL)
@@ -329,6 +332,7 @@ idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
 	p->successor_token = 0;
 	p->written_in = InvalidSubTransactionId;
 	idem_claims_held = true;
+	return true;
 }
 
 /* A record for the key exists although this transaction holds its lock. */

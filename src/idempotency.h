@@ -314,7 +314,7 @@ typedef struct IdemHeldClaim
 extern PGDLLIMPORT bool idem_claims_held;
 extern bool idem_held_allowed(Oid table);
 extern IdemHeldClaim *idem_held_find(const IdemKey *k);
-extern void idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
+extern bool idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
 							 TimestampTz now, TimestampTz lease_expires_at,
 							 int64 ttl_us);
 extern bool idem_held_finish(IdemHeldClaim *p, IdemStatus status,

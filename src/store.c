@@ -617,11 +617,14 @@ idem_store_is_table(Oid relid)
 /*
  * Is the table exactly as the extension made it (table_shape.c)?  Only
  * then may a claim be held (held.c).  Kept with the shape check, and
- * looked at again after any invalidation of the table.
+ * looked at again after any invalidation of the table: a caller that has
+ * just taken a new lock on it has seen every change committed before.
  */
 bool
 idem_store_table_as_made(void)
 {
+	if (!table_verified)
+		store_attach(cached_schema);
 	return table_as_made;
 }
 
