@@ -1,5 +1,5 @@
 -- A fresh claim at the top level of a READ COMMITTED transaction is written
--- once, at COMMIT (src/pending.c).  Nothing may be able to tell: the
+-- once, at COMMIT (src/held.c).  Nothing may be able to tell: the
 -- transaction itself sees its processing row wherever it looks, savepoints
 -- undo exactly what they undid before, and everywhere else claims are
 -- written at once.

@@ -17,7 +17,9 @@
 #include "access/genam.h"
 #include "access/table.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_language.h"
 #include "catalog/pg_namespace.h"
+#include "catalog/pg_proc.h"
 #include "executor/spi.h"
 #include "nodes/makefuncs.h"
 #include "utils/builtins.h"
@@ -25,6 +27,7 @@
 #include "utils/lsyscache.h"
 #include "utils/regproc.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
 
 #include "compat.h"
 #include "idempotency.h"
@@ -110,11 +113,38 @@ idem_citus_local_shards(Oid table)
 	return shards;
 }
 
+/*
+ * The C symbol of fn_oid when it is one of this extension's functions
+ * (C language, $libdir/idempotency), or NULL.
+ */
+static char *
+own_function_symbol(Oid fn_oid)
+{
+	HeapTuple	tup;
+	char	   *symbol = NULL;
+
+	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn_oid));
+	if (!HeapTupleIsValid(tup))
+		return NULL;
+	if (((Form_pg_proc) GETSTRUCT(tup))->prolang == ClanguageId)
+	{
+		bool		isnull;
+		Datum		bin = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_probin, &isnull);
+
+		if (!isnull && strcmp(TextDatumGetCString(bin), "$libdir/idempotency") == 0)
+			symbol = TextDatumGetCString(SysCacheGetAttr(PROCOID, tup,
+														 Anum_pg_proc_prosrc, &isnull));
+	}
+	ReleaseSysCache(tup);
+	return symbol;
+}
+
+
 /* Is fn_oid one of this extension's functions, distributed by Citus? */
 static bool
 distributed_function_of_ours(Oid fn_oid)
 {
-	return idem_own_function_symbol(fn_oid) != NULL &&
+	return own_function_symbol(fn_oid) != NULL &&
 		citus_catalog_lists("pg_dist_object", DIST_OBJECT_OBJID, fn_oid);
 }
 

@@ -5,7 +5,7 @@
  *
  * The fast paths cost one statement: a replay is a single primary-key read
  * (no write), a fresh key is a read that misses, plus one INSERT unless the
- * claim is only held until it settles (pending.c).
+ * claim is only held until it settles (held.c).
  * Only a conflict or an expired record takes more, through a loop that
  * re-reads with a fresh snapshot until the row settles.
  *
@@ -143,207 +143,298 @@ idem_claim_decide(const IdemRecord *rec, const IdemClaimArgs *args,
 }
 
 /*
- * Claim one key.  The caller has validated the arguments and is connected
- * through idem_store_begin().  Shared with idem_claim_many.
+ * A claim of one key, as it goes through its steps: read the record,
+ * decide from it, take the key lock, write.  Each step returns what comes
+ * next.
+ */
+typedef enum ClaimNext
+{
+	CLAIM_DONE,					/* res holds the answer */
+	CLAIM_WRITE,				/* go on to the next step */
+	CLAIM_AGAIN,				/* read again: a wait went by, or the lock was
+								 * just taken */
+	CLAIM_CONFLICT				/* read again: the row changed under a write */
+} ClaimNext;
+
+typedef struct ClaimState
+{
+	const IdemKey *k;
+	const IdemClaimArgs *args;
+	IdemClaimResult *res;
+	TimestampTz now;
+	TimestampTz deadline;
+	bool		defer;			/* a fresh claim will be held (held.c) */
+	bool		have_lock;		/* the key lock is ours */
+	bool		fresh;			/* read with a fresh snapshot */
+	int			sleep_ms;		/* next poll while a lease runs */
+	bool		found;
+	IdemRecord	rec;
+} ClaimState;
+
+/* An answer with no token, response or expiry yet. */
+static void
+clear_result(IdemClaimResult *res)
+{
+	memset(res, 0, sizeof(*res));
+	res->token_isnull = true;
+	res->response_isnull = true;
+	res->expires_at_isnull = true;
+}
+
+/* The key is claimed by this call: token and lease end. */
+static void
+answer_claimed(IdemClaimResult *res, int64 token, TimestampTz lease_end)
+{
+	res->outcome = IDEM_OUTCOME_CLAIMED;
+	res->token = token;
+	res->token_isnull = false;
+	res->expires_at = lease_end;
+	res->expires_at_isnull = false;
+}
+
+/*
+ * Start a claim.  Returns true when it is answered already: this
+ * transaction holds an unwritten claim of the key, which answers as its
+ * processing row would.  A fresh claim that will only be held writes
+ * nothing that could collide with a concurrent claim, so it must know there
+ * is none: it takes the key lock first, then reads with a snapshot taken
+ * after the lock, which sees every record whose writer has let go.
+ */
+static bool
+claim_begin(ClaimState *st, const IdemKey *k, const IdemClaimArgs *args,
+			IdemClaimResult *res)
+{
+	IdemHeldClaim *held = idem_held_find(k);
+
+	st->k = k;
+	st->args = args;
+	st->res = res;
+	st->now = GetCurrentTimestamp();
+	st->deadline = idem_add_duration(st->now, args->wait_us, "wait");
+	st->have_lock = false;
+	st->fresh = false;
+	st->sleep_ms = IDEM_POLL_MIN_MS;
+
+	if (held != NULL)
+	{
+		clear_result(res);
+		if (fingerprint_differs(held->fingerprint, args->fingerprint))
+			res->outcome = IDEM_OUTCOME_MISMATCH;
+		else
+		{
+			res->outcome = IDEM_OUTCOME_IN_PROGRESS;
+			res->expires_at = held->lease_expires_at;
+			res->expires_at_isnull = false;
+		}
+		return true;
+	}
+
+	st->defer = args->may_defer && idem_held_allowed(idem_store_table());
+	if (st->defer)
+	{
+		st->have_lock = idem_keylock_acquire(k, 0) == IDEM_KEYLOCK_ACQUIRED;
+		st->fresh = true;
+	}
+	return false;
+}
+
+/*
+ * Read the record.  The first look uses the statement's snapshot; every
+ * later one (the row changed, or a wait went by) needs what has committed
+ * since.
+ */
+static void
+claim_read(ClaimState *st)
+{
+	st->found = idem_store_read(st->k, &st->rec, st->fresh);
+	st->fresh = true;
+}
+
+/*
+ * Decide from the record, when that needs no write.  A live lease of
+ * someone else's committed claim is waited out while the caller's wait
+ * lasts.
+ */
+static ClaimNext
+claim_decide(ClaimState *st)
+{
+	IdemRecord *rec = &st->rec;
+
+	if (!idem_claim_decide(st->found ? rec : NULL, st->args, st->now, st->res))
+		return CLAIM_WRITE;
+	if (st->res->outcome == IDEM_OUTCOME_IN_PROGRESS && st->now < st->deadline &&
+		rec->expires_at > st->now && !TransactionIdIsCurrentTransactionId(rec->xmin))
+	{
+		poll_sleep(&st->sleep_ms, st->deadline);
+		return CLAIM_AGAIN;
+	}
+	return CLAIM_DONE;
+}
+
+/*
+ * About to write: make sure no other transaction is mid-claim.  A lock
+ * taken after a wait (the holder finished), or by a claim that will be
+ * held (the read came before the lock), means reading again.
+ */
+static ClaimNext
+claim_lock(ClaimState *st)
+{
+	IdemKeyLockResult lr;
+
+	if (st->have_lock)
+		return CLAIM_WRITE;
+	lr = idem_keylock_acquire(st->k, Max(st->deadline - st->now, 0));
+	if (lr == IDEM_KEYLOCK_BUSY)
+	{
+		st->res->outcome = IDEM_OUTCOME_IN_PROGRESS;
+		return CLAIM_DONE;
+	}
+	st->have_lock = true;
+	return (lr == IDEM_KEYLOCK_ACQUIRED_AFTER_WAIT || st->defer) ?
+		CLAIM_AGAIN : CLAIM_WRITE;
+}
+
+/*
+ * Write a fresh record (or hold it).  An idem_claim_many still in flight
+ * inserted the key and gave its key lock back: in progress, as if its lock
+ * were held.  A wait lets the key lock go first, so that the batch's own
+ * settling of the key never waits on this claim.
+ */
+static ClaimNext
+claim_write_fresh(ClaimState *st)
+{
+	TransactionId inserter = idem_direct_inserter(st->k);
+	int64		token;
+	TimestampTz lease_end;
+
+	if (TransactionIdIsValid(inserter))
+	{
+		idem_keylock_release(st->k);
+		st->have_lock = false;
+		if (st->now < st->deadline &&
+			idem_keylock_wait_for_inserter(inserter, st->deadline - st->now))
+			return CLAIM_AGAIN;
+		st->res->outcome = IDEM_OUTCOME_IN_PROGRESS;
+		return CLAIM_DONE;
+	}
+	token = idem_fresh_token(idem_store_token_sequence(), st->now);
+	lease_end = idem_add_duration(st->now, st->args->lease_us, "lease");
+	if (!(st->defer &&
+		  idem_held_add(st->k, st->args->fingerprint, token, st->now, lease_end,
+						st->args->ttl_us)) &&
+		!idem_store_insert(st->k, st->args->fingerprint, token, st->now,
+						   lease_end, st->args->ttl_us))
+		return CLAIM_CONFLICT;
+	answer_claimed(st->res, token, lease_end);
+	return CLAIM_DONE;
+}
+
+/* Turn a stale claim into a failed record (idempotency.stale_action). */
+static ClaimNext
+claim_write_failed(ClaimState *st)
+{
+	IdemRecord	failed;
+	IdemClaimResult *res = st->res;
+
+	if (!idem_store_fail_stale(st->k, st->rec.token, st->now, &failed))
+		return CLAIM_CONFLICT;
+	res->outcome = IDEM_OUTCOME_FAILED;
+	res->response = failed.response;
+	res->response_isnull = failed.response_isnull;
+	res->expires_at = failed.expires_at;
+	res->expires_at_isnull = false;
+	res->stale_failed = true;
+	return CLAIM_DONE;
+}
+
+/*
+ * Take an expired record over: a new lifetime after retention, or a stale
+ * claim's key, resumed where the last holder's checkpoint says.
+ */
+static ClaimNext
+claim_write_takeover(ClaimState *st)
+{
+	IdemRecord *rec = &st->rec;
+	bool		new_lifetime = rec->status != IDEM_PROCESSING;
+	TimestampTz lease_end = idem_add_duration(st->now, st->args->lease_us, "lease");
+	int64		token = idem_successor_token(idem_store_token_sequence(),
+											 st->now, rec->token);
+
+	if (!idem_store_take_over(st->k, rec->token, token, st->args->fingerprint,
+							  new_lifetime, st->now, lease_end, st->args->ttl_us))
+		return CLAIM_CONFLICT;
+	answer_claimed(st->res, token, lease_end);
+	st->res->took_over = !new_lifetime;
+	if (!new_lifetime)
+	{
+		st->res->recovery_point = rec->recovery_point;
+		st->res->state = rec->state;
+	}
+	return CLAIM_DONE;
+}
+
+static ClaimNext
+claim_write(ClaimState *st)
+{
+	if (!st->found)
+		return claim_write_fresh(st);
+	if (st->rec.status == IDEM_PROCESSING && idem_stale_action == IDEM_STALE_FAIL)
+		return claim_write_failed(st);
+	return claim_write_takeover(st);
+}
+
+/*
+ * A claim that wrote nothing gives the key lock back at once, so that it
+ * does not make later claims report in_progress.  One that wrote (a claim,
+ * or a stale claim turned into failed) keeps it until its transaction ends:
+ * its row is uncommitted, and a later claim must see the lock and answer
+ * in_progress rather than wait on that row.
+ */
+static void
+claim_end(ClaimState *st)
+{
+	if (st->have_lock && st->res->outcome != IDEM_OUTCOME_CLAIMED &&
+		!st->res->stale_failed)
+		idem_keylock_release(st->k);
+}
+
+/*
+ * Claim one key: read, decide, lock, write, until one of them answers.
+ * Only a write that finds the row changed counts as a conflict; a wait that
+ * went by, or the lock just taken, reads again for free.  The caller has
+ * validated the arguments and is connected through idem_store_begin().
+ * Shared with idem_claim_many.
  */
 void
 idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res)
 {
-	TimestampTz now = GetCurrentTimestamp();
-	TimestampTz deadline = idem_add_duration(now, args->wait_us, "wait");
-	IdemPendingClaim *pending = idem_pending_find(k);
-	bool		defer;
-	bool		have_lock = false;
-	bool		fresh = false;
-	int			sleep_ms = IDEM_POLL_MIN_MS;
+	ClaimState	st;
+	int			conflicts = 0;
 
-	/* this transaction claimed the key already and has not written it yet */
-	if (pending != NULL)
-	{
-		memset(res, 0, sizeof(*res));
-		res->token_isnull = true;
-		res->response_isnull = true;
-		if (fingerprint_differs(pending->fingerprint, args->fingerprint))
-		{
-			res->outcome = IDEM_OUTCOME_MISMATCH;
-			res->expires_at_isnull = true;
-		}
-		else
-		{
-			res->outcome = IDEM_OUTCOME_IN_PROGRESS;
-			res->expires_at = pending->lease_expires_at;
-		}
+	if (claim_begin(&st, k, args, res))
 		return;
-	}
-
-	/*
-	 * A fresh claim that will only be held (pending.c) writes nothing
-	 * that could collide with a concurrent claim, so it must know there is
-	 * none: it takes the key lock first, then reads with a snapshot taken
-	 * after the lock, which sees every record whose writer has let go.
-	 */
-	defer = args->may_defer && idem_pending_allowed(idem_store_table());
-	if (defer)
+	for (;;)
 	{
-		have_lock = idem_keylock_acquire(k, 0) == IDEM_KEYLOCK_ACQUIRED;
-		fresh = true;
-	}
-
-	for (int conflicts = 0;; conflicts++)
-	{
-		IdemRecord	rec;
-		bool		found;
+		ClaimNext	next;
 
 		if (conflicts >= IDEM_CLAIM_MAX_ATTEMPTS)
 			ereport(ERROR,
 					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 					 errmsg("could not claim key because its record keeps changing"),
 					 errhint("Retry the transaction.")));
-
-		/*
-		 * The first look uses the statement's snapshot; every later one (the
-		 * row changed, or a wait went by) needs what has committed since.
-		 */
-		found = idem_store_read(k, &rec, fresh);
-		fresh = true;
-
-		if (idem_claim_decide(found ? &rec : NULL, args, now, res))
-		{
-			/* a committed claim of someone else holds a live lease: wait? */
-			if (res->outcome == IDEM_OUTCOME_IN_PROGRESS && now < deadline &&
-				rec.expires_at > now &&
-				!TransactionIdIsCurrentTransactionId(rec.xmin))
-			{
-				poll_sleep(&sleep_ms, deadline);
-				now = GetCurrentTimestamp();
-				conflicts--;
-				continue;
-			}
+		claim_read(&st);
+		next = claim_decide(&st);
+		if (next == CLAIM_WRITE)
+			next = claim_lock(&st);
+		if (next == CLAIM_WRITE)
+			next = claim_write(&st);
+		if (next == CLAIM_DONE)
 			break;
-		}
-
-		/* About to write: make sure no other transaction is mid-claim. */
-		if (!have_lock)
-		{
-			int64		wait_left = Max(deadline - now, 0);
-			IdemKeyLockResult lr = idem_keylock_acquire(k, wait_left);
-
-			if (lr == IDEM_KEYLOCK_BUSY)
-			{
-				res->outcome = IDEM_OUTCOME_IN_PROGRESS;
-				break;
-			}
-			have_lock = true;
-			if (lr == IDEM_KEYLOCK_ACQUIRED_AFTER_WAIT || defer)
-			{
-				/*
-				 * The holder finished while we waited, or (a claim that will
-				 * be held) since we read: look again.
-				 */
-				now = GetCurrentTimestamp();
-				conflicts--;
-				continue;
-			}
-		}
-
-		if (!found)
-		{
-			TransactionId inserter = idem_direct_inserter(k);
-			int64		token;
-			TimestampTz lease_end;
-
-			/*
-			 * An idem_claim_many still in flight inserted the key and gave
-			 * its key lock back: in progress, as if its lock were held.  A
-			 * wait lets the key lock go first, so that the batch's own
-			 * settling of the key never waits on this claim.
-			 */
-			if (TransactionIdIsValid(inserter))
-			{
-				idem_keylock_release(k);
-				have_lock = false;
-				if (now < deadline &&
-					idem_keylock_wait_for_inserter(inserter, deadline - now))
-				{
-					now = GetCurrentTimestamp();
-					conflicts--;
-					continue;
-				}
-				res->outcome = IDEM_OUTCOME_IN_PROGRESS;
-				break;
-			}
-			token = idem_fresh_token(now);
-			lease_end = idem_add_duration(now, args->lease_us, "lease");
-
-			if (defer)
-				idem_pending_add(k, args->fingerprint, token, now, lease_end,
-								 args->ttl_us);
-			if (defer ||
-				idem_store_insert(k, args->fingerprint, token, now, lease_end,
-								  args->ttl_us))
-			{
-				res->outcome = IDEM_OUTCOME_CLAIMED;
-				res->token = token;
-				res->token_isnull = false;
-				res->expires_at = lease_end;
-				res->expires_at_isnull = false;
-				break;
-			}
-		}
-		else if (rec.status == IDEM_PROCESSING &&
-				 idem_stale_action == IDEM_STALE_FAIL)
-		{
-			IdemRecord	failed;
-
-			if (idem_store_fail_stale(k, rec.token, now, &failed))
-			{
-				res->outcome = IDEM_OUTCOME_FAILED;
-				res->response = failed.response;
-				res->response_isnull = failed.response_isnull;
-				res->expires_at = failed.expires_at;
-				res->expires_at_isnull = false;
-				res->stale_failed = true;
-				break;
-			}
-		}
-		else
-		{
-			bool		new_lifetime = rec.status != IDEM_PROCESSING;
-			TimestampTz lease_end = idem_add_duration(now, args->lease_us, "lease");
-			int64		token = idem_successor_token(now, rec.token);
-
-			if (idem_store_take_over(k, rec.token, token, args->fingerprint,
-									 new_lifetime, now, lease_end, args->ttl_us))
-			{
-				res->outcome = IDEM_OUTCOME_CLAIMED;
-				res->token = token;
-				res->token_isnull = false;
-				res->expires_at = lease_end;
-				res->expires_at_isnull = false;
-				res->took_over = !new_lifetime;
-				/* resume where the last holder's checkpoint says */
-				if (!new_lifetime)
-				{
-					res->recovery_point = rec.recovery_point;
-					res->state = rec.state;
-				}
-				break;
-			}
-		}
-
-		/* the row changed since we read it: read again with a new snapshot */
-		now = GetCurrentTimestamp();
+		if (next == CLAIM_CONFLICT)
+			conflicts++;
+		st.now = GetCurrentTimestamp();
 	}
-
-	/*
-	 * A claim that wrote nothing gives the key lock back at once, so that it
-	 * does not make later claims report in_progress.  One that wrote (a
-	 * claim, or a stale claim turned into failed) keeps it until its
-	 * transaction ends: its row is uncommitted, and a later claim must see
-	 * the lock and answer in_progress rather than wait on that row.
-	 */
-	if (have_lock && res->outcome != IDEM_OUTCOME_CLAIMED && !res->stale_failed)
-		idem_keylock_release(k);
+	claim_end(&st);
 }
 
 /*

@@ -105,9 +105,13 @@ typedef struct BatchKey
 
 typedef struct Batch
 {
+	text	   *tenant_id;
 	BatchKey   *keys;
 	int			nkeys;
 	int		   *sorted;			/* element indexes, sorted by key */
+	IdemClaimArgs args;			/* fingerprint: set per element */
+	TimestampTz now;
+	TimestampTz lease_end;
 } Batch;
 
 static int
@@ -310,7 +314,7 @@ lock_free_keys(Batch *batch, int from, int to, TimestampTz now)
 			idem_keylock_acquire(&bk->k, 0) == IDEM_KEYLOCK_BUSY)
 			continue;
 		bk->locked = true;
-		bk->token = idem_fresh_token(now);
+		bk->token = idem_fresh_token(idem_store_token_sequence(), now);
 		locked++;
 	}
 	return locked;
@@ -403,24 +407,20 @@ let_keys_go(Batch *batch, int from, int to)
 	}
 }
 
-Datum
-idem_claim_many(PG_FUNCTION_ARGS)
+/*
+ * Read and check every argument, into batch: nothing is claimed before a
+ * bad element is refused.
+ */
+static void
+batch_read_args(FunctionCallInfo fcinfo, Batch *batch)
 {
-	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	text	   *tenant_id;
 	Datum	   *key_elems;
 	bool	   *key_nulls;
 	Datum	   *fp_elems = NULL;
 	bool	   *fp_nulls = NULL;
 	int			nkeys;
-	IdemClaimArgs args;
-	Batch		batch;
-	TimestampTz now;
-	TimestampTz lease_end;
-	bool		lets_locks_go;
-	int			chunk;
 
-	tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
+	batch->tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
 	if (PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -436,76 +436,81 @@ idem_claim_many(PG_FUNCTION_ARGS)
 					 errmsg("fingerprints must have as many elements as keys"),
 					 errdetail("keys has %d elements, fingerprints has %d.", nkeys, nfp)));
 	}
-	idem_claim_args(fcinfo, 3, 4, -1, &args);
+	idem_claim_args(fcinfo, 3, 4, -1, &batch->args);
 
-	batch.nkeys = nkeys;
-	batch.keys = palloc0(sizeof(BatchKey) * Max(nkeys, 1));
-	batch.sorted = palloc(sizeof(int) * Max(nkeys, 1));
+	batch->nkeys = nkeys;
+	batch->keys = palloc0(sizeof(BatchKey) * Max(nkeys, 1));
+	batch->sorted = palloc(sizeof(int) * Max(nkeys, 1));
 	for (int i = 0; i < nkeys; i++)
 	{
-		BatchKey   *bk = &batch.keys[i];
+		BatchKey   *bk = &batch->keys[i];
 
-		bk->k.tenant_id = tenant_id;
+		bk->k.tenant_id = batch->tenant_id;
 		bk->k.key = element_identifier(key_elems[i], key_nulls[i], "keys", i + 1, true);
 		bk->fingerprint = fp_elems == NULL ? NULL :
 			element_identifier(fp_elems[i], fp_nulls[i], "fingerprints", i + 1, false);
-		batch.sorted[i] = i;
+		batch->sorted[i] = i;
 	}
+}
 
-	/* find repeated keys: each element points at the first with its key */
-	sort_batch = &batch;
-	qsort(batch.sorted, nkeys, sizeof(int), compare_elements);
-	for (int j = 0; j < nkeys; j++)
+/* Find repeated keys: each element points at the first with its key. */
+static void
+batch_mark_repeats(Batch *batch)
+{
+	sort_batch = batch;
+	qsort(batch->sorted, batch->nkeys, sizeof(int), compare_elements);
+	for (int j = 0; j < batch->nkeys; j++)
 	{
-		int			i = batch.sorted[j];
-		int			prev = j > 0 ? batch.sorted[j - 1] : -1;
+		int			i = batch->sorted[j];
+		int			prev = j > 0 ? batch->sorted[j - 1] : -1;
 
-		batch.keys[i].first = (prev >= 0 &&
-							   compare_text(batch.keys[prev].k.key, batch.keys[i].k.key) == 0)
-			? batch.keys[prev].first : i;
+		batch->keys[i].first = (prev >= 0 &&
+								compare_text(batch->keys[prev].k.key, batch->keys[i].k.key) == 0)
+			? batch->keys[prev].first : i;
 	}
+}
 
-	InitMaterializedSRF(fcinfo, 0);
+/*
+ * Steps 1 and 2: the free keys go straight to the INSERT, a chunk at a
+ * time where their key locks can be given back after it (a local table).
+ */
+static void
+batch_insert_free_keys(Batch *batch)
+{
+	bool		lets_locks_go = idem_direct_probe_available();
+	int			chunk = lets_locks_go ? IDEM_CLAIM_MANY_LOCKED_AT_ONCE : Max(batch->nkeys, 1);
 
-	/* held claims: written before this statement started (readers.c), or
-	 * now, when it is called outside any statement (a PL/pgSQL expression) */
-	idem_pending_write_all();
-	idem_store_begin(fcinfo);
-
-	/*
-	 * 1. and 2. the free keys go straight to the INSERT, a chunk at a time
-	 * where their key locks can be given back after it (a local table)
-	 */
-	now = GetCurrentTimestamp();
-	lease_end = idem_add_duration(now, args.lease_us, "lease");
-	lets_locks_go = idem_direct_probe_available();
-	chunk = lets_locks_go ? IDEM_CLAIM_MANY_LOCKED_AT_ONCE : Max(nkeys, 1);
-	for (int from = 0; from < nkeys; from += chunk)
+	for (int from = 0; from < batch->nkeys; from += chunk)
 	{
-		FreshInsert f = {.tenant_id = tenant_id, .now = now,
-			.lease_end = lease_end, .ttl_us = args.ttl_us, .batch = &batch,
-		.from = from, .to = Min(from + chunk, nkeys)};
-		int			locked = lock_free_keys(&batch, f.from, f.to, now);
+		FreshInsert f = {.tenant_id = batch->tenant_id, .now = batch->now,
+			.lease_end = batch->lease_end, .ttl_us = batch->args.ttl_us, .batch = batch,
+		.from = from, .to = Min(from + chunk, batch->nkeys)};
+		int			locked = lock_free_keys(batch, f.from, f.to, batch->now);
 
 		if (locked > 0)
 			insert_locked_keys(&f, locked, lets_locks_go);
 		if (lets_locks_go)
-			let_keys_go(&batch, f.from, f.to);
+			let_keys_go(batch, f.from, f.to);
 	}
+}
 
-	/*
-	 * 3. the keys that have a record (or whose lock another transaction
-	 * holds): decide from the record, as idem_claim would without waiting
-	 */
-	for (int i = 0; i < nkeys; i++)
+/*
+ * Step 3: the keys that have a record (or whose lock another transaction
+ * holds): decide from the record, as idem_claim would without waiting.
+ */
+static void
+batch_decide_recorded(Batch *batch)
+{
+	for (int i = 0; i < batch->nkeys; i++)
 	{
-		BatchKey   *bk = &batch.keys[i];
+		BatchKey   *bk = &batch->keys[i];
 
 		if (bk->first != i || bk->inserted)
 			continue;
-		args.fingerprint = bk->fingerprint;
+		batch->args.fingerprint = bk->fingerprint;
 		bk->found = idem_store_read(&bk->k, &bk->rec, true);
-		if (idem_claim_decide(bk->found ? &bk->rec : NULL, &args, now, &bk->res))
+		if (idem_claim_decide(bk->found ? &bk->rec : NULL, &batch->args, batch->now,
+							  &bk->res))
 			bk->decided = true;
 		else if (!bk->locked && !bk->lock_given_back)
 		{
@@ -519,39 +524,74 @@ idem_claim_many(PG_FUNCTION_ARGS)
 			bk->locked = false;
 		}
 	}
+}
 
-	/* 4. the rest, one by one, as idem_claim would; then the rows, in order */
-	for (int i = 0; i < nkeys; i++)
+/*
+ * Step 4 for one element: the answer of a key the INSERT claimed, or of the
+ * rest (an expired record to take over, a key repeated in the batch) one by
+ * one, as idem_claim would.
+ */
+static void
+batch_settle_element(Batch *batch, int i)
+{
+	BatchKey   *bk = &batch->keys[i];
+
+	batch->args.fingerprint = bk->fingerprint;
+	if (bk->first == i && bk->inserted)
 	{
-		BatchKey   *bk = &batch.keys[i];
+		memset(&bk->res, 0, sizeof(bk->res));
+		bk->res.outcome = IDEM_OUTCOME_CLAIMED;
+		bk->res.token = bk->token;
+		bk->res.response_isnull = true;
+		bk->res.expires_at = batch->lease_end;
+	}
+	else if (bk->first != i || !bk->decided)
+	{
+		idem_claim_one(&bk->k, &batch->args, &bk->res);
+		if (bk->locked && bk->res.outcome != IDEM_OUTCOME_CLAIMED &&
+			!bk->res.stale_failed)
+			idem_keylock_release(&bk->k);
+	}
+	idem_stats_count_claim(&bk->res);
+}
+
+/* Step 4: every element's answer, as a row, in the order of keys. */
+static void
+batch_emit_rows(Batch *batch, ReturnSetInfo *rsinfo)
+{
+	for (int i = 0; i < batch->nkeys; i++)
+	{
+		BatchKey   *bk = &batch->keys[i];
 		Datum		values[7];
 		bool		nulls[7];
 
-		args.fingerprint = bk->fingerprint;
-		if (bk->first == i && bk->inserted)
-		{
-			memset(&bk->res, 0, sizeof(bk->res));
-			bk->res.outcome = IDEM_OUTCOME_CLAIMED;
-			bk->res.token = bk->token;
-			bk->res.response_isnull = true;
-			bk->res.expires_at = lease_end;
-		}
-		else if (bk->first != i || !bk->decided)
-		{
-			/* an expired record to take over, or a key repeated in the batch */
-			idem_claim_one(&bk->k, &args, &bk->res);
-			if (bk->locked && bk->res.outcome != IDEM_OUTCOME_CLAIMED &&
-				!bk->res.stale_failed)
-				idem_keylock_release(&bk->k);
-		}
-		idem_stats_count_claim(&bk->res);
-
+		batch_settle_element(batch, i);
 		values[0] = PointerGetDatum(bk->k.key);
 		nulls[0] = false;
 		idem_claim_result_columns(&bk->res, values + 1, nulls + 1,
 								  Min(rsinfo->setDesc->natts, 7) - 1);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
+}
+
+Datum
+idem_claim_many(PG_FUNCTION_ARGS)
+{
+	Batch		batch;
+
+	batch_read_args(fcinfo, &batch);
+	batch_mark_repeats(&batch);
+	InitMaterializedSRF(fcinfo, 0);
+
+	/* held claims are written first: this reads more than one key */
+	idem_held_write_all();
+	idem_store_begin(fcinfo);
+
+	batch.now = GetCurrentTimestamp();
+	batch.lease_end = idem_add_duration(batch.now, batch.args.lease_us, "lease");
+	batch_insert_free_keys(&batch);
+	batch_decide_recorded(&batch);
+	batch_emit_rows(&batch, (ReturnSetInfo *) fcinfo->resultinfo);
 	idem_store_end();
 
 	return (Datum) 0;

@@ -65,6 +65,7 @@ typedef struct RecordColumns
 
 static Oid	read_table = InvalidOid;
 static Oid	read_index = InvalidOid;
+static bool read_table_distributed = false;
 static RecordColumns columns;
 
 /*
@@ -90,13 +91,15 @@ key_index_usable(Oid key_index)
 }
 
 /*
- * Point the reader at table and its (tenant_id, key) index; called by
- * store.c whenever it (re)attaches to the table, after the shape check.
+ * Point the reader at table and its (tenant_id, key) index, and say
+ * whether Citus distributes the table; called by store.c whenever it
+ * (re)attaches to the table, after the shape check.
  */
 void
-idem_direct_read_attach(Oid table, Oid key_index)
+idem_direct_read_attach(Oid table, Oid key_index, bool distributed)
 {
 	read_table = table;
+	read_table_distributed = distributed;
 	read_index = key_index_usable(key_index) ? key_index : InvalidOid;
 	columns.status = get_attnum(table, "status");
 	columns.token = get_attnum(table, "token");
@@ -248,7 +251,7 @@ idem_direct_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot,
 bool
 idem_direct_probe_available(void)
 {
-	return OidIsValid(read_index) && !idem_store_distributed();
+	return OidIsValid(read_index) && !read_table_distributed;
 }
 
 /*

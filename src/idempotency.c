@@ -7,7 +7,7 @@
  * and the executor and utility hooks that write held claims in time
  * (readers.c).  Each is one test of a flag until this backend holds a
  * claim or runs one of its own statements; the transaction callbacks of
- * held claims are registered when the first claim is held (pending.c).
+ * held claims are registered when the first claim is held (held.c).
  * Preloaded (shared_preload_libraries) it also reserves shared memory for
  * statistics and the last tokens, and registers the sweeper worker.
  * Nothing here may fail: the SQL functions must work without preloading.

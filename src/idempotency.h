@@ -2,27 +2,30 @@
  * idempotency.h
  *		Declarations shared by the modules of the idempotency extension.
  *
- * The modules, one concern each:
- *	 idempotency.c	module magic and _PG_init (registration only)
- *	 guc.c			the idempotency.* settings
- *	 validate.c		argument checks shared by every SQL function
- *	 store.c		the only code that talks to idempotency_records (SPI)
- *	 citus.c		whether the table is distributed, and this node's shards
- *	 table_shape.c	refusing a records table whose columns or key index changed
- *	 direct_read.c	a record read by primary key without SPI (the replay fast path)
- *	 keylock.c		the per-key advisory lock that makes in_progress non-blocking
- *	 tokens.c		fencing tokens that never go backwards
- *	 pending.c		fresh claims held in memory and written once, when they settle
- *	 readers.c		which statements could see a held claim; writing before them
- *	 subxact.c		one step in a subtransaction, expected errors swallowed
- *	 claim.c		idem_claim
- *	 claim_many.c	idem_claim_many (a consumer's batch in one statement)
- *	 settle.c		idem_complete, idem_release, idem_heartbeat, idem_checkpoint (fenced by token)
- *	 child_key.c	idem_child_key, stable keys for downstream calls
- *	 lookup.c		idem_lookup, idem_forget
- *	 sweep.c		idem_sweep and the batch the background worker reuses
- *	 worker.c		the sweeper: a launcher and short-lived per-database workers
- *	 stats.c		counters and last sweeps in shared memory (idem_stats)
+ * The modules, one concern each, by layer (a file calls only files of a
+ * lower layer: test/layers/check.py, docs/design.md):
+ *	7 idempotency.c	module magic and _PG_init (registration only)
+ *	6 claim_many.c	idem_claim_many (a consumer's batch in one statement)
+ *	6 worker.c		the sweeper: a launcher and short-lived per-database workers
+ *	6 readers.c		the executor and utility hooks that write held claims in time
+ *	5 claim.c		idem_claim: read, decide, lock, write
+ *	5 settle.c		idem_complete, idem_release, idem_heartbeat, idem_checkpoint
+ *	5 lookup.c		idem_lookup, idem_forget
+ *	5 sweep.c		idem_sweep and the batch the background worker reuses
+ *	5 child_key.c	idem_child_key, stable keys for downstream calls
+ *	4 held.c		held claims: fresh claims kept in memory, written as they would
+ *					have been (the setting keeps its first name, defer_writes)
+ *	3 store.c		every SQL statement on idempotency_records (SPI)
+ *	2 direct_read.c	a record read by primary key without SPI (the replay fast path)
+ *	2 citus.c		whether the table is distributed, and this node's shards
+ *	1 keylock.c		the per-key advisory lock that makes in_progress non-blocking
+ *	1 tokens.c		fencing tokens that never go backwards
+ *	1 table_shape.c	refusing a records table whose shape changed; is it as made?
+ *	1 stats.c		counters and last sweeps in shared memory (idem_stats)
+ *	1 validate.c	argument checks shared by every SQL function
+ *	0 guc.c			the idempotency.* settings
+ *	0 subxact.c		one step in a subtransaction, expected errors swallowed
+ *	0 record.c		a record's values: status, columns that are never NULL
  */
 #ifndef IDEMPOTENCY_H
 #define IDEMPOTENCY_H
@@ -215,7 +218,8 @@ extern void idem_check_not_null(bool isnull, const char *column);
 
 /* ---------- the replay fast path (direct_read.c) ---------- */
 
-extern void idem_direct_read_attach(Oid table, Oid key_index);
+extern void idem_direct_read_attach(Oid table, Oid key_index,
+									bool distributed);
 extern bool idem_direct_read(const IdemKey *k, IdemRecord *rec,
 							 bool fresh_snapshot, bool *found);
 extern bool idem_direct_probe_available(void);
@@ -266,11 +270,14 @@ typedef enum IdemKeyLockResult
 } IdemKeyLockResult;
 
 extern IdemKeyLockResult idem_keylock_acquire(const IdemKey *k, int64 wait_us);
-extern void idem_keylock_hold(const IdemKey *k);
+/* Which transaction still in flight has inserted k (direct_read.c)? */
+typedef TransactionId (*IdemInserterProbe) (const IdemKey *k);
+
+extern void idem_keylock_hold(const IdemKey *k, IdemInserterProbe inserter_of);
 extern void idem_keylock_release(const IdemKey *k);
 extern bool idem_keylock_wait_for_inserter(TransactionId xid, int64 wait_us);
 
-/* ---------- claims held until they are written (pending.c) ---------- */
+/* ---------- claims held until they are written (held.c) ---------- */
 
 /* What happened to a held claim since it was made. */
 typedef enum IdemHeldSettle
@@ -281,7 +288,7 @@ typedef enum IdemHeldSettle
 } IdemHeldSettle;
 
 /* A fresh claim of this transaction whose record is not written yet. */
-typedef struct IdemPendingClaim
+typedef struct IdemHeldClaim
 {
 	text	   *tenant_id;
 	text	   *key;
@@ -302,27 +309,26 @@ typedef struct IdemPendingClaim
 	TimestampTz settled_at;
 	int64		successor_token;	/* IDEM_HELD_RELEASED */
 	SubTransactionId written_in;	/* written in this subxact (rolls back) */
-} IdemPendingClaim;
+} IdemHeldClaim;
 
 extern PGDLLIMPORT bool idem_claims_held;
-extern bool idem_pending_allowed(Oid table);
-extern IdemPendingClaim *idem_pending_find(const IdemKey *k);
-extern void idem_pending_add(const IdemKey *k, text *fingerprint, int64 token,
+extern bool idem_held_allowed(Oid table);
+extern IdemHeldClaim *idem_held_find(const IdemKey *k);
+extern bool idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
 							 TimestampTz now, TimestampTz lease_expires_at,
 							 int64 ttl_us);
-extern bool idem_pending_finish(IdemPendingClaim *p, IdemStatus status,
+extern bool idem_held_finish(IdemHeldClaim *p, IdemStatus status,
 								Datum response, bool response_isnull,
 								TimestampTz now);
-extern bool idem_pending_release(IdemPendingClaim *p, TimestampTz now);
-extern void idem_pending_materialize(IdemPendingClaim *p);
-extern void idem_pending_write_all(void);
-extern void idem_pending_write_final(void);
-extern bool idem_pending_table_in(List *relation_oids);
+extern bool idem_held_release(IdemHeldClaim *p, TimestampTz now);
+extern void idem_held_materialize(IdemHeldClaim *p);
+extern void idem_held_write_all(void);
+extern void idem_held_write_final(void);
+extern bool idem_held_table_in(List *relation_oids);
 
 /* ---------- the hooks that write held claims in time (readers.c) ---------- */
 
 extern void idem_readers_init(void);
-extern char *idem_own_function_symbol(Oid fn_oid);
 
 /* ---------- claiming (claim.c) ---------- */
 
@@ -341,7 +347,7 @@ typedef struct IdemClaimArgs
 	int64		lease_us;
 	int64		ttl_us;
 	int64		wait_us;		/* 0: never wait */
-	bool		may_defer;		/* a fresh claim may be held (pending.c) */
+	bool		may_defer;		/* a fresh claim may be held (held.c) */
 } IdemClaimArgs;
 
 typedef struct IdemClaimResult
@@ -372,9 +378,9 @@ extern void idem_claim_result_columns(const IdemClaimResult *res,
 /* ---------- fencing tokens (tokens.c) ---------- */
 
 extern void idem_tokens_request_shmem(void);
-extern int64 idem_fresh_tokens(TimestampTz now, int n);
-extern int64 idem_fresh_token(TimestampTz now);
-extern int64 idem_successor_token(TimestampTz now, int64 old);
+extern int64 idem_fresh_tokens(Oid sequence, TimestampTz now, int n);
+extern int64 idem_fresh_token(Oid sequence, TimestampTz now);
+extern int64 idem_successor_token(Oid sequence, TimestampTz now, int64 old);
 
 /* ---------- statistics in shared memory (stats.c) ---------- */
 

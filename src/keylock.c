@@ -159,10 +159,12 @@ idem_keylock_wait_for_inserter(TransactionId xid, int64 wait_us)
  * meet its uncommitted row, so a claim never waits on them in turn.  A
  * key inserted by an idem_claim_many still in flight has no lock holder:
  * wait for that transaction first, without the key lock, so that its own
- * settling of the key never waits on this one.
+ * settling of the key never waits on this one.  inserter_of(k) names such
+ * a transaction (direct_read.c's probe of the key index, passed in by the
+ * caller: the lock knows nothing of the table).
  */
 void
-idem_keylock_hold(const IdemKey *k)
+idem_keylock_hold(const IdemKey *k, IdemInserterProbe inserter_of)
 {
 	LOCKTAG		tag;
 
@@ -174,7 +176,7 @@ idem_keylock_hold(const IdemKey *k)
 		/* held already: this transaction claimed the key, no one else can insert it */
 		if (LockAcquire(&tag, ExclusiveLock, false, false) == LOCKACQUIRE_ALREADY_HELD)
 			return;
-		inserter = idem_direct_inserter(k);
+		inserter = inserter_of(k);
 		if (!TransactionIdIsValid(inserter))
 			return;
 		LockRelease(&tag, ExclusiveLock, false);

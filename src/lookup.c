@@ -35,7 +35,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 
 	/* held claims: written before this statement started (readers.c), or
 	 * now, when it is called outside any statement (a PL/pgSQL expression) */
-	idem_pending_write_all();
+	idem_held_write_all();
 	idem_store_begin(fcinfo);
 	if (idem_store_read(&k, &rec, false))
 	{
@@ -83,9 +83,9 @@ idem_forget(PG_FUNCTION_ARGS)
 
 	/* held claims: written before this statement started (readers.c), or
 	 * now, when it is called outside any statement (a PL/pgSQL expression) */
-	idem_pending_write_all();
+	idem_held_write_all();
 	idem_store_begin(fcinfo);
-	idem_keylock_hold(&k);
+	idem_keylock_hold(&k, idem_direct_inserter);
 	removed = idem_store_forget(&k);
 	idem_store_end();
 

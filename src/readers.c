@@ -2,7 +2,7 @@
  * readers.c
  *		Writing held claims before anything could read them.
  *
- * A fresh claim may be held in memory (pending.c), stamped with the
+ * A fresh claim may be held in memory (held.c), stamped with the
  * command ID its INSERT would have had.  Visibility of a transaction's own
  * rows depends only on command IDs, so a held claim written at any moment
  * before the first read of the table is seen by every snapshot exactly as
@@ -32,45 +32,14 @@
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "catalog/pg_language.h"
-#include "catalog/pg_proc.h"
 #include "executor/executor.h"
 #include "tcop/utility.h"
-#include "utils/builtins.h"
-#include "utils/syscache.h"
 
 #include "compat.h"
 #include "idempotency.h"
 
 static ExecutorStart_hook_type prev_executor_start = NULL;
 static ProcessUtility_hook_type prev_process_utility = NULL;
-
-/*
- * The C symbol of fn_oid when it is one of this extension's functions
- * (C language, $libdir/idempotency), or NULL.
- */
-char *
-idem_own_function_symbol(Oid fn_oid)
-{
-	HeapTuple	tup;
-	char	   *symbol = NULL;
-
-	tup = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn_oid));
-	if (!HeapTupleIsValid(tup))
-		return NULL;
-	if (((Form_pg_proc) GETSTRUCT(tup))->prolang == ClanguageId)
-	{
-		bool		isnull;
-		Datum		bin = SysCacheGetAttr(PROCOID, tup, Anum_pg_proc_probin, &isnull);
-
-		if (!isnull && strcmp(TextDatumGetCString(bin), "$libdir/idempotency") == 0)
-			symbol = TextDatumGetCString(SysCacheGetAttr(PROCOID, tup,
-														 Anum_pg_proc_prosrc, &isnull));
-	}
-	ReleaseSysCache(tup);
-	return symbol;
-}
-
 
 /*
  * A statement is starting while claims are held, or one of our own is:
@@ -84,8 +53,8 @@ armed_executor_start(QueryDesc *queryDesc, int eflags)
 
 	idem_store_statement_starting = false;
 	if (!ours && idem_claims_held && !(eflags & EXEC_FLAG_EXPLAIN_ONLY) &&
-		(plan->parallelModeNeeded || idem_pending_table_in(plan->relationOids)))
-		idem_pending_write_all();
+		(plan->parallelModeNeeded || idem_held_table_in(plan->relationOids)))
+		idem_held_write_all();
 
 	if (prev_executor_start)
 		prev_executor_start(queryDesc, eflags);
@@ -185,7 +154,7 @@ armed_process_utility(PlannedStmt *pstmt, const char *queryString,
 	UtilityKind kind = classify_utility(pstmt->utilityStmt);
 
 	if (kind == UTILITY_READER)
-		idem_pending_write_all();
+		idem_held_write_all();
 
 	run_utility(pstmt, queryString, readOnlyTree, context, params, queryEnv,
 				dest, qc);
@@ -199,7 +168,7 @@ armed_process_utility(PlannedStmt *pstmt, const char *queryString,
 	 * constraint does.
 	 */
 	if (kind == UTILITY_COMMIT)
-		idem_pending_write_final();
+		idem_held_write_final();
 }
 
 static void

@@ -85,14 +85,14 @@ check_durability(const char *action)
 }
 
 /*
- * The held claim of k in this transaction (pending.c), if any.  Its token
+ * The held claim of k in this transaction (held.c), if any.  Its token
  * is the key's current token, so any other token is refused here exactly
  * as the record would refuse it.
  */
-static IdemPendingClaim *
-pending_claim(const IdemKey *k, int64 token, const char *action)
+static IdemHeldClaim *
+held_claim(const IdemKey *k, int64 token, const char *action)
 {
-	IdemPendingClaim *p = idem_pending_find(k);
+	IdemHeldClaim *p = idem_held_find(k);
 
 	if (p != NULL && p->token != token)
 		refuse_token(token, action);
@@ -120,19 +120,19 @@ idem_complete(PG_FUNCTION_ARGS)
 	int64		token;
 	Datum		response;
 	bool		response_isnull;
-	IdemPendingClaim *pending;
+	IdemHeldClaim *held;
 
 	fenced_args(fcinfo, &k, &token);
 	response = idem_arg_jsonb(fcinfo, 3, "response", &response_isnull);
 	check_durability("idem_complete");
 
-	pending = pending_claim(&k, token, "complete");
-	if (pending == NULL ||
-		!idem_pending_finish(pending, IDEM_COMPLETED, response, response_isnull,
+	held = held_claim(&k, token, "complete");
+	if (held == NULL ||
+		!idem_held_finish(held, IDEM_COMPLETED, response, response_isnull,
 							 GetCurrentTimestamp()))
 	{
 		idem_store_begin(fcinfo);
-		idem_keylock_hold(&k);
+		idem_keylock_hold(&k, idem_direct_inserter);
 		if (!idem_store_finish(&k, token, IDEM_COMPLETED, response,
 							   response_isnull, GetCurrentTimestamp()))
 			report_refused(&k, token, "complete");
@@ -157,26 +157,31 @@ idem_release(PG_FUNCTION_ARGS)
 	Datum		failure;
 	bool		failure_isnull;
 	bool		done;
-	IdemPendingClaim *pending;
+	IdemHeldClaim *held;
 
 	fenced_args(fcinfo, &k, &token);
 	failure = idem_arg_jsonb(fcinfo, 3, "failure", &failure_isnull);
 	if (!failure_isnull)
 		check_durability("idem_release");
 
-	pending = pending_claim(&k, token, "release");
-	if (pending == NULL ||
+	held = held_claim(&k, token, "release");
+	if (held == NULL ||
 		!(failure_isnull ?
-		  idem_pending_release(pending, GetCurrentTimestamp()) :
-		  idem_pending_finish(pending, IDEM_FAILED, failure, false,
+		  idem_held_release(held, GetCurrentTimestamp()) :
+		  idem_held_finish(held, IDEM_FAILED, failure, false,
 							  GetCurrentTimestamp())))
 	{
 		TimestampTz now = GetCurrentTimestamp();
 
 		idem_store_begin(fcinfo);
-		idem_keylock_hold(&k);
+		idem_keylock_hold(&k, idem_direct_inserter);
 		if (failure_isnull)
-			done = idem_store_release(&k, token, idem_successor_token(now, token), now);
+		{
+			int64		successor = idem_successor_token(idem_store_token_sequence(),
+														 now, token);
+
+			done = idem_store_release(&k, token, successor, now);
+		}
 		else
 			done = idem_store_finish(&k, token, IDEM_FAILED, failure, false,
 									 GetCurrentTimestamp());
@@ -204,7 +209,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	int64		lease_us;
 	TimestampTz now;
 	TimestampTz lease_end;
-	IdemPendingClaim *pending;
+	IdemHeldClaim *held;
 
 	fenced_args(fcinfo, &k, &token);
 	lease_us = idem_arg_duration(fcinfo, 3, "lease",
@@ -213,11 +218,11 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	lease_end = idem_add_duration(now, lease_us, "lease");
 
 	/* a held claim is written first, then extended as a written one */
-	pending = pending_claim(&k, token, "heartbeat");
-	if (pending != NULL)
-		idem_pending_materialize(pending);
+	held = held_claim(&k, token, "heartbeat");
+	if (held != NULL)
+		idem_held_materialize(held);
 	idem_store_begin(fcinfo);
-	idem_keylock_hold(&k);
+	idem_keylock_hold(&k, idem_direct_inserter);
 	if (!idem_store_extend_lease(&k, token, now, lease_end))
 		report_refused(&k, token, "heartbeat");
 	idem_store_end();
@@ -244,7 +249,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	Datum		state;
 	bool		state_isnull;
 	TimestampTz now = GetCurrentTimestamp();
-	IdemPendingClaim *pending;
+	IdemHeldClaim *held;
 
 	fenced_args(fcinfo, &k, &token);
 	point = idem_arg_identifier(fcinfo, 3, "point", true);
@@ -253,16 +258,16 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 		state = (Datum) 0;
 
 	/* a held claim is written first, then checkpointed as a written one */
-	pending = pending_claim(&k, token, "checkpoint");
-	if (pending != NULL)
-		idem_pending_materialize(pending);
+	held = held_claim(&k, token, "checkpoint");
+	if (held != NULL)
+		idem_held_materialize(held);
 	idem_store_begin(fcinfo);
 	if (!idem_store_has_checkpoints())
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("recovery points need version 1.1 of the idempotency extension"),
 				 errhint("Run ALTER EXTENSION idempotency UPDATE.")));
-	idem_keylock_hold(&k);
+	idem_keylock_hold(&k, idem_direct_inserter);
 	if (!idem_store_checkpoint(&k, token, point, state, now))
 		report_refused(&k, token, "checkpoint");
 	idem_store_end();

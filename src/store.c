@@ -1,11 +1,14 @@
 /*
  * store.c
- *		The only code that reads or writes idempotency_records.
+ *		Every statement on idempotency_records: the record-access layer.
  *
- * Every access is a prepared SPI statement on the schema-qualified table,
- * never a direct heap or index scan: privileges and row-level security stay
- * in force, and the same statements work when the table is a distributed
- * shell on a scale-out cluster.  Each hot-path statement targets one
+ * Every write, and every read but the replay fast path (direct_read.c,
+ * which this file calls), is a prepared SPI statement on the
+ * schema-qualified table, never a direct heap or index scan: privileges and
+ * row-level security stay in force, and the same statements work when the
+ * table is a distributed shell on a scale-out cluster (citus.c).  Held
+ * claims (held.c) and the entry points call this file; it calls only the
+ * layers below it (test/layers/check.py).  Each hot-path statement targets one
  * (tenant_id, key); "now" is computed in C and passed as a parameter.
  *
  * Plans are prepared once per backend and kept.  A relcache callback on the
@@ -83,121 +86,212 @@ typedef enum IdemQuery
 	" pg_catalog.unnest($3::pg_catalog.int8[]), pg_catalog.unnest($7::pg_catalog.text[]))" \
 	" AS u(key, token, fingerprint)"
 
-static const char *const query_text[NUM_QUERIES] = {
-	[Q_READ] =
-	"SELECT status, token, fingerprint, response, expires_at, lease_expires_at,"
-	" created_at, updated_at, xmin, @POINT@, @STATE@ FROM %1$s" BY_KEY,
+/*
+ * One entry per statement: its text, its argument types and, for a
+ * statement that returns rows, the column types of its result (table_shape.c
+ * checks them before anything is read).  ARGS and RESULT count what they
+ * are given, so a statement is added or changed in this one place.
+ */
+typedef struct IdemStatement
+{
+	const char *text;
+	int			nargs;
+	Oid			argtypes[13];
+	int			ncolumns;
+	Oid			columns[11];
+} IdemStatement;
+
+#define ARGS(...) \
+	.argtypes = {__VA_ARGS__}, .nargs = lengthof(((Oid[]) {__VA_ARGS__}))
+#define RESULT(...) \
+	.columns = {__VA_ARGS__}, .ncolumns = lengthof(((Oid[]) {__VA_ARGS__}))
+#define RECORD_COLUMNS TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID, \
+	TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, XIDOID, TEXTOID, JSONBOID
+#define SWEPT_COLUMNS BOOLOID, TIMESTAMPTZOID
+
+static const IdemStatement statements[NUM_QUERIES] = {
+	[Q_READ] = {
+		.text =
+		"SELECT status, token, fingerprint, response, expires_at, lease_expires_at,"
+		" created_at, updated_at, xmin, @POINT@, @STATE@ FROM %1$s" BY_KEY,
+		ARGS(TEXTOID, TEXTOID),
+		RESULT(RECORD_COLUMNS),
+	},
 
 	/* one row per fresh key; RETURNING says which went in */
-	[Q_INSERT_MANY] = INSERT_MANY " ON CONFLICT (tenant_id, key) DO NOTHING RETURNING key",
+	[Q_INSERT_MANY] = {
+		.text = INSERT_MANY " ON CONFLICT (tenant_id, key) DO NOTHING RETURNING key",
+		ARGS(TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+			INTERVALOID, TEXTARRAYOID),
+		RESULT(TEXTOID),
+	},
 
 	/* the same without speculative insertion: any existing key is an error */
-	[Q_INSERT_MANY_PLAIN] = INSERT_MANY " RETURNING key",
+	[Q_INSERT_MANY_PLAIN] = {
+		.text = INSERT_MANY " RETURNING key",
+		ARGS(TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+			INTERVALOID, TEXTARRAYOID),
+		RESULT(TEXTOID),
+	},
 
-	[Q_INSERT] =
-	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
-	" created_at, updated_at, ttl, status, fingerprint)"
-	" VALUES ($1, $2, $3, $4, $4, $5, $5, $6, 'processing', $7)"
-	" ON CONFLICT (tenant_id, key) DO NOTHING",
+	[Q_INSERT] = {
+		.text =
+		"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
+		" created_at, updated_at, ttl, status, fingerprint)"
+		" VALUES ($1, $2, $3, $4, $4, $5, $5, $6, 'processing', $7)"
+		" ON CONFLICT (tenant_id, key) DO NOTHING",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID,
+			TEXTOID),
+	},
 
 	/*
-	 * A held claim written in its final form (pending.c).  No ON
+	 * A held claim written in its final form (held.c).  No ON
 	 * CONFLICT: the writer holds the key lock and read after taking it that
 	 * the key is free, so only a record written around the lock can
-	 * conflict, and pending.c turns that error into its own.
+	 * conflict, and held.c turns that error into its own.
 	 */
-	[Q_WRITE_ONCE] =
-	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
-	" created_at, updated_at, ttl, status, fingerprint, response @CHECKPOINT_COLUMNS@)"
-	" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 @CHECKPOINT_VALUES@)",
+	[Q_WRITE_ONCE] = {
+		.text =
+		"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
+		" created_at, updated_at, ttl, status, fingerprint, response @CHECKPOINT_COLUMNS@)"
+		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 @CHECKPOINT_VALUES@)",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+			TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, TEXTOID, JSONBOID,
+			TEXTOID, JSONBOID),
+	},
 
 	/* $8: a new lifetime (expired record reused) rather than a takeover */
-	[Q_TAKE_OVER] =
-	"UPDATE %1$s SET status = 'processing', token = $9,"
-	" fingerprint = CASE WHEN $8 THEN $4 ELSE COALESCE($4, fingerprint) END,"
-	" created_at = CASE WHEN $8 THEN $5 ELSE created_at END,"
-	" response = NULL, lease_expires_at = $6, expires_at = $6, ttl = $7, updated_at = $5"
-	" @CHECKPOINT_RESET@"
-	BY_KEY "AND token" EQ "$3 AND expires_at OPERATOR(pg_catalog.<=) $5"
-	" RETURNING token",
+	[Q_TAKE_OVER] = {
+		.text =
+		"UPDATE %1$s SET status = 'processing', token = $9,"
+		" fingerprint = CASE WHEN $8 THEN $4 ELSE COALESCE($4, fingerprint) END,"
+		" created_at = CASE WHEN $8 THEN $5 ELSE created_at END,"
+		" response = NULL, lease_expires_at = $6, expires_at = $6, ttl = $7, updated_at = $5"
+		" @CHECKPOINT_RESET@"
+		BY_KEY "AND token" EQ "$3 AND expires_at OPERATOR(pg_catalog.<=) $5"
+		" RETURNING token",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+			INTERVALOID, BOOLOID, INT8OID),
+		RESULT(INT8OID),
+	},
 
-	[Q_FAIL_STALE] =
-	"UPDATE %1$s SET status = 'failed', response = $4, lease_expires_at = NULL,"
-	" expires_at =" EXPIRY(5) ", updated_at = $5"
-	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
-	" AND expires_at OPERATOR(pg_catalog.<=) $5"
-	" RETURNING status, token, fingerprint, response, expires_at, lease_expires_at,"
-	" created_at, updated_at, xmin, @POINT@, @STATE@",
+	[Q_FAIL_STALE] = {
+		.text =
+		"UPDATE %1$s SET status = 'failed', response = $4, lease_expires_at = NULL,"
+		" expires_at =" EXPIRY(5) ", updated_at = $5"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
+		" AND expires_at OPERATOR(pg_catalog.<=) $5"
+		" RETURNING status, token, fingerprint, response, expires_at, lease_expires_at,"
+		" created_at, updated_at, xmin, @POINT@, @STATE@",
+		ARGS(TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID),
+		RESULT(RECORD_COLUMNS),
+	},
 
-	[Q_FINISH] =
-	"UPDATE %1$s SET status = $4, response = $5, lease_expires_at = NULL,"
-	" expires_at =" EXPIRY(6) ", updated_at = $6"
-	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+	[Q_FINISH] = {
+		.text =
+		"UPDATE %1$s SET status = $4, response = $5, lease_expires_at = NULL,"
+		" expires_at =" EXPIRY(6) ", updated_at = $6"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID),
+	},
 
 	/* a release without failure: a record with a recovery point is kept */
-	[Q_DELETE_CLAIM] =
-	"DELETE FROM %1$s" BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
-	" @NO_CHECKPOINT@",
+	[Q_DELETE_CLAIM] = {
+		.text =
+		"DELETE FROM %1$s" BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
+		" @NO_CHECKPOINT@",
+		ARGS(TEXTOID, TEXTOID, INT8OID),
+	},
 
 	/*
 	 * ... and is handed on instead: its lease ends now and it gets a new
 	 * token (the releasing holder's is refused from now on), so the next
 	 * claim takes it over and resumes from its recovery point.
 	 */
-	[Q_RELEASE_KEEP] =
-	"UPDATE %1$s SET token = $4, lease_expires_at = $5, expires_at = $5, updated_at = $5"
-	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
-	" AND recovery_point IS NOT NULL",
+	[Q_RELEASE_KEEP] = {
+		.text =
+		"UPDATE %1$s SET token = $4, lease_expires_at = $5, expires_at = $5, updated_at = $5"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
+		" AND recovery_point IS NOT NULL",
+		ARGS(TEXTOID, TEXTOID, INT8OID, INT8OID, TIMESTAMPTZOID),
+	},
 
-	[Q_CHECKPOINT] =
-	"UPDATE %1$s SET recovery_point = $4, state = $5, updated_at = $6"
-	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+	[Q_CHECKPOINT] = {
+		.text =
+		"UPDATE %1$s SET recovery_point = $4, state = $5, updated_at = $6"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID),
+	},
 
-	[Q_EXTEND_LEASE] =
-	"UPDATE %1$s SET lease_expires_at = $4, expires_at = $4, updated_at = $5"
-	BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+	[Q_EXTEND_LEASE] = {
+		.text =
+		"UPDATE %1$s SET lease_expires_at = $4, expires_at = $4, updated_at = $5"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID),
+	},
 
-	[Q_FORGET] =
-	"DELETE FROM %1$s" BY_KEY,
+	[Q_FORGET] = {
+		.text = "DELETE FROM %1$s" BY_KEY,
+		ARGS(TEXTOID, TEXTOID),
+	},
 
 	/*
 	 * Sweep batches lock their rows with SKIP LOCKED, so they never wait on
 	 * a live claim, and re-check the expiry on the newest row version.
 	 */
-	[Q_SWEEP_ALL] =
-	"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
-	" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-	" AND expires_at OPERATOR(pg_catalog.>=) $3"
-	" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
-	" RETURNING status" EQ "'processing', expires_at",
+	[Q_SWEEP_ALL] = {
+		.text =
+		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND expires_at OPERATOR(pg_catalog.>=) $3"
+		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
+		" RETURNING status" EQ "'processing', expires_at",
+		ARGS(TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID),
+		RESULT(SWEPT_COLUMNS),
+	},
 
-	[Q_SWEEP_TERMINAL] =
-	"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
-	" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-	" AND expires_at OPERATOR(pg_catalog.>=) $3"
-	" AND status OPERATOR(pg_catalog.<>) 'processing'"
-	" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
-	" RETURNING false, expires_at",
+	[Q_SWEEP_TERMINAL] = {
+		.text =
+		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND expires_at OPERATOR(pg_catalog.>=) $3"
+		" AND status OPERATOR(pg_catalog.<>) 'processing'"
+		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
+		" RETURNING false, expires_at",
+		ARGS(TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID),
+		RESULT(SWEPT_COLUMNS),
+	},
 
 	/* every expired row with one given expiry (see idem_store_sweep_group) */
-	[Q_SWEEP_GROUP_ALL] =
-	"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
-	" SELECT ctid FROM %1$s WHERE expires_at" EQ "$1 FOR UPDATE SKIP LOCKED))"
-	" RETURNING status" EQ "'processing', expires_at",
+	[Q_SWEEP_GROUP_ALL] = {
+		.text =
+		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at" EQ "$1 FOR UPDATE SKIP LOCKED))"
+		" RETURNING status" EQ "'processing', expires_at",
+		ARGS(TIMESTAMPTZOID),
+		RESULT(SWEPT_COLUMNS),
+	},
 
-	[Q_SWEEP_GROUP_TERMINAL] =
-	"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
-	" SELECT ctid FROM %1$s WHERE expires_at" EQ "$1"
-	" AND status OPERATOR(pg_catalog.<>) 'processing' FOR UPDATE SKIP LOCKED))"
-	" RETURNING false, expires_at",
+	[Q_SWEEP_GROUP_TERMINAL] = {
+		.text =
+		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at" EQ "$1"
+		" AND status OPERATOR(pg_catalog.<>) 'processing' FOR UPDATE SKIP LOCKED))"
+		" RETURNING false, expires_at",
+		ARGS(TIMESTAMPTZOID),
+		RESULT(SWEPT_COLUMNS),
+	},
 
-	[Q_SWEEP_FAIL_STALE] =
-	"UPDATE %1$s SET status = 'failed', response = $3, lease_expires_at = NULL,"
-	" expires_at =" EXPIRY(1) ", updated_at = $1"
-	" WHERE ctid" EQ "ANY (ARRAY("
-	" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-	" AND status" EQ "'processing'"
-	" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+	[Q_SWEEP_FAIL_STALE] = {
+		.text =
+		"UPDATE %1$s SET status = 'failed', response = $3, lease_expires_at = NULL,"
+		" expires_at =" EXPIRY(1) ", updated_at = $1"
+		" WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND status" EQ "'processing'"
+		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+		ARGS(TIMESTAMPTZOID, INT4OID, JSONBOID),
+	},
 
 	/*
 	 * A sweep of a distributed table from one node: Citus runs these on
@@ -206,104 +300,27 @@ static const char *const query_text[NUM_QUERIES] = {
 	 * checked again in its new version, as an UPDATE or DELETE does under
 	 * READ COMMITTED.
 	 */
-	[Q_CLUSTER_SWEEP_STALE] =
-	"DELETE FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-	" AND status" EQ "'processing'",
+	[Q_CLUSTER_SWEEP_STALE] = {
+		.text =
+		"DELETE FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND status" EQ "'processing'",
+		ARGS(TIMESTAMPTZOID),
+	},
 
-	[Q_CLUSTER_SWEEP_TERMINAL] =
-	"DELETE FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-	" AND status OPERATOR(pg_catalog.<>) 'processing'",
+	[Q_CLUSTER_SWEEP_TERMINAL] = {
+		.text =
+		"DELETE FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND status OPERATOR(pg_catalog.<>) 'processing'",
+		ARGS(TIMESTAMPTZOID),
+	},
 
-	[Q_CLUSTER_SWEEP_FAIL_STALE] =
-	"UPDATE %1$s SET status = 'failed', response = $2, lease_expires_at = NULL,"
-	" expires_at =" EXPIRY(1) ", updated_at = $1"
-	" WHERE expires_at OPERATOR(pg_catalog.<=) $1 AND status" EQ "'processing'",
-};
-
-static const Oid query_argtypes[NUM_QUERIES][13] = {
-	[Q_READ] = {TEXTOID, TEXTOID},
-	[Q_INSERT_MANY] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID,
-	TIMESTAMPTZOID, INTERVALOID, TEXTARRAYOID},
-	[Q_INSERT_MANY_PLAIN] = {TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID,
-	TIMESTAMPTZOID, INTERVALOID, TEXTARRAYOID},
-	[Q_INSERT] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-	INTERVALOID, TEXTOID},
-	[Q_WRITE_ONCE] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-	TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, TEXTOID, JSONBOID,
-	TEXTOID, JSONBOID},
-	[Q_TAKE_OVER] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID,
-	TIMESTAMPTZOID, INTERVALOID, BOOLOID, INT8OID},
-	[Q_FAIL_STALE] = {TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID},
-	[Q_FINISH] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID},
-	[Q_DELETE_CLAIM] = {TEXTOID, TEXTOID, INT8OID},
-	[Q_RELEASE_KEEP] = {TEXTOID, TEXTOID, INT8OID, INT8OID, TIMESTAMPTZOID},
-	[Q_CHECKPOINT] = {TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID},
-	[Q_EXTEND_LEASE] = {TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID},
-	[Q_FORGET] = {TEXTOID, TEXTOID},
-	[Q_SWEEP_ALL] = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID},
-	[Q_SWEEP_TERMINAL] = {TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID},
-	[Q_SWEEP_GROUP_ALL] = {TIMESTAMPTZOID},
-	[Q_SWEEP_GROUP_TERMINAL] = {TIMESTAMPTZOID},
-	[Q_SWEEP_FAIL_STALE] = {TIMESTAMPTZOID, INT4OID, JSONBOID},
-	[Q_CLUSTER_SWEEP_STALE] = {TIMESTAMPTZOID},
-	[Q_CLUSTER_SWEEP_TERMINAL] = {TIMESTAMPTZOID},
-	[Q_CLUSTER_SWEEP_FAIL_STALE] = {TIMESTAMPTZOID, JSONBOID},
-};
-
-/*
- * The column types of each statement's result (table_shape.c checks them
- * before anything is read), and how many.
- */
-#define RECORD_TYPES {TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID, \
-	TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, XIDOID, TEXTOID, JSONBOID}
-#define SWEPT_TYPES {BOOLOID, TIMESTAMPTZOID}
-
-static const Oid result_types[NUM_QUERIES][11] = {
-	[Q_READ] = RECORD_TYPES,
-	[Q_FAIL_STALE] = RECORD_TYPES,
-	[Q_TAKE_OVER] = {INT8OID},
-	[Q_INSERT_MANY] = {TEXTOID},
-	[Q_INSERT_MANY_PLAIN] = {TEXTOID},
-	[Q_SWEEP_ALL] = SWEPT_TYPES,
-	[Q_SWEEP_TERMINAL] = SWEPT_TYPES,
-	[Q_SWEEP_GROUP_ALL] = SWEPT_TYPES,
-	[Q_SWEEP_GROUP_TERMINAL] = SWEPT_TYPES,
-};
-
-static const int result_ncolumns[NUM_QUERIES] = {
-	[Q_READ] = 11,
-	[Q_FAIL_STALE] = 11,
-	[Q_TAKE_OVER] = 1,
-	[Q_INSERT_MANY] = 1,
-	[Q_INSERT_MANY_PLAIN] = 1,
-	[Q_SWEEP_ALL] = 2,
-	[Q_SWEEP_TERMINAL] = 2,
-	[Q_SWEEP_GROUP_ALL] = 2,
-	[Q_SWEEP_GROUP_TERMINAL] = 2,
-};
-
-static const int query_nargs[NUM_QUERIES] = {
-	[Q_READ] = 2,
-	[Q_INSERT_MANY] = 7,
-	[Q_INSERT_MANY_PLAIN] = 7,
-	[Q_INSERT] = 7,
-	[Q_WRITE_ONCE] = 13,
-	[Q_TAKE_OVER] = 9,
-	[Q_FAIL_STALE] = 5,
-	[Q_FINISH] = 6,
-	[Q_DELETE_CLAIM] = 3,
-	[Q_RELEASE_KEEP] = 5,
-	[Q_CHECKPOINT] = 6,
-	[Q_EXTEND_LEASE] = 5,
-	[Q_FORGET] = 2,
-	[Q_SWEEP_ALL] = 3,
-	[Q_SWEEP_TERMINAL] = 3,
-	[Q_SWEEP_GROUP_ALL] = 1,
-	[Q_SWEEP_GROUP_TERMINAL] = 1,
-	[Q_SWEEP_FAIL_STALE] = 3,
-	[Q_CLUSTER_SWEEP_STALE] = 1,
-	[Q_CLUSTER_SWEEP_TERMINAL] = 1,
-	[Q_CLUSTER_SWEEP_FAIL_STALE] = 2,
+	[Q_CLUSTER_SWEEP_FAIL_STALE] = {
+		.text =
+		"UPDATE %1$s SET status = 'failed', response = $2, lease_expires_at = NULL,"
+		" expires_at =" EXPIRY(1) ", updated_at = $1"
+		" WHERE expires_at OPERATOR(pg_catalog.<=) $1 AND status" EQ "'processing'",
+		ARGS(TIMESTAMPTZOID, JSONBOID),
+	},
 };
 
 /*
@@ -358,7 +375,7 @@ static bool syscache_callback_registered = false;
  * idem_store_statement_started(): whatever is planned in between is our
  * statement, and whatever starts after it (a user's trigger on the table)
  * is not.  The command ID our writes are stamped with, when a held claim
- * is written (pending.c), is applied there.
+ * is written (held.c), is applied there.
  */
 static planner_hook_type prev_planner_hook = NULL;
 bool		idem_store_statement_starting = false;
@@ -419,7 +436,7 @@ idem_store_statement_started(QueryDesc *queryDesc)
 /*
  * Stamp the rows our next statements write with command ID cid, the one
  * they would have had had they run when a held claim was made or settled
- * (pending.c); InvalidCommandId stops it.
+ * (held.c); InvalidCommandId stops it.
  */
 void
 idem_store_stamp_writes(CommandId cid)
@@ -529,7 +546,7 @@ store_attach(Oid nsp)
 	has_checkpoints = idem_table_has_checkpoints(table);
 	table_distributed = idem_citus_is_distributed(table);
 	table_as_made = idem_table_is_as_made(table);
-	idem_direct_read_attach(table, key_index);
+	idem_direct_read_attach(table, key_index, table_distributed);
 	cached_schema = nsp;
 	cached_table = table;
 	table_verified = true;
@@ -599,19 +616,22 @@ idem_store_is_table(Oid relid)
 
 /*
  * Is the table exactly as the extension made it (table_shape.c)?  Only
- * then may a claim be held (pending.c).  Kept with the shape check, and
- * looked at again after any invalidation of the table.
+ * then may a claim be held (held.c).  Kept with the shape check, and
+ * looked at again after any invalidation of the table: a caller that has
+ * just taken a new lock on it has seen every change committed before.
  */
 bool
 idem_store_table_as_made(void)
 {
+	if (!table_verified)
+		store_attach(cached_schema);
 	return table_as_made;
 }
 
 /*
  * Is the table distributed by Citus?  Then its rows live in shards on
  * other nodes, every statement on it is routed there, and nothing may be
- * held in this backend's memory (pending.c).
+ * held in this backend's memory (held.c).
  */
 bool
 idem_store_distributed(void)
@@ -689,8 +709,8 @@ shard_plan(IdemQuery q)
 		qualified = quote_qualified_identifier(get_namespace_name(get_rel_namespace(sweep_shard)),
 											   get_rel_name(sweep_shard));
 		initStringInfo(&sql);
-		appendStringInfo(&sql, query_text[q], qualified);
-		shard_plans[q] = SPI_prepare(sql.data, query_nargs[q], (Oid *) query_argtypes[q]);
+		appendStringInfo(&sql, statements[q].text, qualified);
+		shard_plans[q] = SPI_prepare(sql.data, statements[q].nargs, (Oid *) statements[q].argtypes);
 		if (shard_plans[q] == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
 				 sql.data, SPI_result_code_string(SPI_result));
@@ -716,10 +736,10 @@ store_plan(IdemQuery q)
 		qualified = quote_qualified_identifier(get_namespace_name(cached_schema),
 											   "idempotency_records");
 		initStringInfo(&sql);
-		appendStringInfo(&sql, query_text[q], qualified);
+		appendStringInfo(&sql, statements[q].text, qualified);
 		text = expand_checkpoint_parts(sql.data);
 
-		plan = SPI_prepare(text, query_nargs[q], (Oid *) query_argtypes[q]);
+		plan = SPI_prepare(text, statements[q].nargs, (Oid *) statements[q].argtypes);
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
 				 text, SPI_result_code_string(SPI_result));
@@ -756,9 +776,9 @@ store_run(IdemQuery q, Datum *values, const char *nulls, bool read_only,
 	PG_END_TRY();
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-	if (SPI_tuptable != NULL && result_ncolumns[q] > 0)
+	if (SPI_tuptable != NULL && statements[q].ncolumns > 0)
 		idem_check_result_shape(cached_table, SPI_tuptable->tupdesc,
-								result_types[q], result_ncolumns[q]);
+								statements[q].columns, statements[q].ncolumns);
 	return SPI_processed;
 }
 
@@ -769,45 +789,6 @@ interval_datum(int64 us)
 
 	span->time = us;
 	return IntervalPGetDatum(span);
-}
-
-/* The status column's value; the first letter tells the three apart. */
-IdemStatus
-idem_status_from_text(text *t)
-{
-	const char *s = VARDATA_ANY(t);
-
-	if (VARSIZE_ANY_EXHDR(t) > 0)
-	{
-		switch (s[0])
-		{
-			case 'p':
-				return IDEM_PROCESSING;
-			case 'c':
-				return IDEM_COMPLETED;
-			case 'f':
-				return IDEM_FAILED;
-		}
-	}
-	ereport(ERROR,
-			(errcode(ERRCODE_DATA_CORRUPTED),
-			 errmsg("idempotency record has unknown status \"%s\"", text_to_cstring(t))));
-	return IDEM_FAILED;			/* keep compiler quiet */
-}
-
-const char *
-idem_status_name(IdemStatus status)
-{
-	switch (status)
-	{
-		case IDEM_PROCESSING:
-			return "processing";
-		case IDEM_COMPLETED:
-			return "completed";
-		case IDEM_FAILED:
-			return "failed";
-	}
-	return "unknown";
 }
 
 /*
@@ -863,21 +844,6 @@ record_from_tuple(IdemRecord *rec)
 	rec->recovery_point = isnull ? NULL : (text *) DatumGetPointer(varlena_in_place(d));
 	d = SPI_getbinval(tup, desc, c + 10, &isnull);
 	rec->state = isnull ? (Datum) 0 : varlena_in_place(d);
-}
-
-/*
- * A column the extension made NOT NULL was read as NULL: the constraint was
- * dropped and a row written around the functions.  Refuse, never read it.
- */
-void
-idem_check_not_null(bool isnull, const char *column)
-{
-	if (isnull)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("an idempotency record has a null value in column \"%s\"", column),
-				 errdetail("The idempotency extension made the column NOT NULL, and its functions never store a null there."),
-				 errhint("Correct or delete the record, and restore the column's NOT NULL constraint.")));
 }
 
 /*
@@ -960,7 +926,7 @@ idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
 
 /*
  * Write the record of a claim that was held rather than written
- * (pending.c), as it stands: processing until lease_expires_at, or already
+ * (held.c), as it stands: processing until lease_expires_at, or already
  * completed or failed and kept for ttl from now.  A plain INSERT: a record
  * that exists raises a unique violation, which the caller must catch.
  */

@@ -162,7 +162,7 @@ idem_sweep(PG_FUNCTION_ARGS)
 
 	/* held claims: written before this statement started (readers.c), or
 	 * now, when it is called outside any statement (a PL/pgSQL expression) */
-	idem_pending_write_all();
+	idem_held_write_all();
 	idem_store_begin(fcinfo);
 	(void) idem_sweep_lock(false, true);
 	if (idem_store_distributed())

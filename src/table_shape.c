@@ -285,7 +285,7 @@ index_is_as_made(Oid indexoid, Oid key_index)
  * key constraint, indexes as index_is_as_made() says, and no triggers,
  * rules, row-level security, children or parent?  Then an INSERT, UPDATE
  * or DELETE of a record runs no code but PostgreSQL's own and can fail only
- * on the key, so a claim may be held (pending.c).  Anything else and
+ * on the key, so a claim may be held (held.c).  Anything else and
  * claims are written at once, where whatever was added takes effect.
  */
 bool

@@ -409,9 +409,8 @@ load_slot(TokenSlot *slot, Oid sequence)
  * them, so a read-only transaction fails here exactly as that INSERT would.
  */
 static int64
-reserve(TimestampTz now, int n, int64 exact)
+reserve(Oid sequence, TimestampTz now, int n, int64 exact)
 {
-	Oid			sequence = idem_store_token_sequence();
 	TokenSlot  *slot = NULL;
 	int64		before;
 	int64		first = 0;
@@ -465,15 +464,15 @@ reserve(TimestampTz now, int n, int64 exact)
  * is greater than every token handed out before, plus one.
  */
 int64
-idem_fresh_tokens(TimestampTz now, int n)
+idem_fresh_tokens(Oid sequence, TimestampTz now, int n)
 {
-	return reserve(now, n, 0);
+	return reserve(sequence, now, n, 0);
 }
 
 int64
-idem_fresh_token(TimestampTz now)
+idem_fresh_token(Oid sequence, TimestampTz now)
 {
-	return reserve(now, 1, 0);
+	return reserve(sequence, now, 1, 0);
 }
 
 /*
@@ -483,7 +482,7 @@ idem_fresh_token(TimestampTz now)
  * largest bigint has no successor: refused before anything is written.
  */
 int64
-idem_successor_token(TimestampTz now, int64 old)
+idem_successor_token(Oid sequence, TimestampTz now, int64 old)
 {
 	int64		successor;
 
@@ -494,5 +493,5 @@ idem_successor_token(TimestampTz now, int64 old)
 				 errdetail("A takeover, or a release without a failure, needs the old "
 						   "token plus one, and " INT64_FORMAT " is the largest bigint.",
 						   PG_INT64_MAX)));
-	return reserve(now, 1, successor);
+	return reserve(sequence, now, 1, successor);
 }

@@ -1,5 +1,5 @@
 /*
- * pending.c
+ * held.c
  *		Fresh claims held in memory, and written exactly as they would have
  *		been written at once.
  *
@@ -68,17 +68,17 @@
  * once.  A lookup among held claims stays a short scan, and a transaction
  * claiming many keys one by one loses nothing but the saving.
  */
-#define IDEM_MAX_PENDING	32
+#define IDEM_MAX_HELD	32
 
 /*
  * The claims held by this transaction.  An entry written inside a
  * subtransaction stays (written_in) until that subtransaction ends: if it
  * rolls back, so does the write, and the claim is held again.
  */
-static MemoryContext pending_context = NULL;
-static IdemPendingClaim *pending = NULL;
-static int	pending_allocated = 0;
-static int	pending_used = 0;
+static MemoryContext held_context = NULL;
+static IdemHeldClaim *held = NULL;
+static int	held_allocated = 0;
+static int	held_used = 0;
 static bool writing_all = false;
 static bool callbacks_registered = false;
 
@@ -89,13 +89,13 @@ static bool callbacks_registered = false;
 bool		idem_claims_held = false;
 
 static CommandId act_as_statement(void);
-static void pending_xact_callback(XactEvent event, void *arg);
-static void pending_subxact_callback(SubXactEvent event,
+static void held_xact_callback(XactEvent event, void *arg);
+static void held_subxact_callback(SubXactEvent event,
 									 SubTransactionId mySubid,
 									 SubTransactionId parentSubid, void *arg);
 
 static bool
-is_held(const IdemPendingClaim *p)
+is_held(const IdemHeldClaim *p)
 {
 	return p->written_in == InvalidSubTransactionId;
 }
@@ -105,8 +105,8 @@ count_held(void)
 {
 	int			n = 0;
 
-	for (int i = 0; i < pending_used; i++)
-		if (is_held(&pending[i]))
+	for (int i = 0; i < held_used; i++)
+		if (is_held(&held[i]))
 			n++;
 	return n;
 }
@@ -121,7 +121,7 @@ update_held_flag(void)
 static void
 remove_entry(int i)
 {
-	IdemPendingClaim *p = &pending[i];
+	IdemHeldClaim *p = &held[i];
 
 	pfree(p->tenant_id);
 	pfree(p->key);
@@ -129,7 +129,7 @@ remove_entry(int i)
 		pfree(p->fingerprint);
 	if (p->response != (Datum) 0)
 		pfree(DatumGetPointer(p->response));
-	pending[i] = pending[--pending_used];
+	held[i] = held[--held_used];
 }
 
 /*
@@ -138,12 +138,12 @@ remove_entry(int i)
  * is undone if the subtransaction rolls back.
  */
 static void
-mark_written(IdemPendingClaim *p)
+mark_written(IdemHeldClaim *p)
 {
 	SubTransactionId sub = GetCurrentSubTransactionId();
 
 	if (sub == TopSubTransactionId)
-		remove_entry(p - pending);
+		remove_entry(p - held);
 	else
 		p->written_in = sub;
 	update_held_flag();
@@ -175,13 +175,13 @@ may_use_table(Oid schema, Oid table, AclMode mode)
  * the delegated call has returned.
  */
 bool
-idem_pending_allowed(Oid table)
+idem_held_allowed(Oid table)
 {
 	if (!idem_defer_writes || idem_store_distributed() ||
 		!IsTransactionBlock() ||
 		IsolationUsesXactSnapshot() || XactReadOnly || IsInParallelMode() ||
 		GetCurrentTransactionNestLevel() != 1 ||
-		count_held() >= IDEM_MAX_PENDING)
+		count_held() >= IDEM_MAX_HELD)
 		return false;
 	if (!idem_store_table_as_made())
 		return false;
@@ -190,28 +190,25 @@ idem_pending_allowed(Oid table)
 
 /*
  * The held, unsettled claim of k in this transaction, or NULL.  A held
- * claim of k that was completed or failed already is written first, so
- * that the caller reads its record as it would have been written; one
- * released without failure has no record, as the table shows, and a new
- * claim of k may be held beside it.
+ * claim of k that was settled already (completed, failed or released) is
+ * written first, so that the caller reads and writes the key as it would
+ * have been written; so is one whose record the caller may not read (the
+ * SELECT it would run checks that): it then meets the read's own error.
  */
-IdemPendingClaim *
-idem_pending_find(const IdemKey *k)
+IdemHeldClaim *
+idem_held_find(const IdemKey *k)
 {
-	for (int i = 0; i < pending_used; i++)
+	for (int i = 0; i < held_used; i++)
 	{
-		IdemPendingClaim *p = &pending[i];
+		IdemHeldClaim *p = &held[i];
 
 		if (!is_held(p) || !idem_text_equal(p->key, k->key) ||
 			!idem_text_equal(p->tenant_id, k->tenant_id))
 			continue;
-		if (p->settle == IDEM_HELD_OPEN)
+		if (p->settle == IDEM_HELD_OPEN && may_use_table(p->schema, p->table, ACL_SELECT))
 			return p;
-		if (p->settle == IDEM_HELD_FINISHED)
-		{
-			idem_pending_materialize(p);
-			return NULL;
-		}
+		idem_held_materialize(p);
+		return NULL;
 	}
 	return NULL;
 }
@@ -231,13 +228,12 @@ table_owner(Oid table)
 }
 
 /*
- * What the INSERT of a processing row would do to everything but the
- * table's contents: lock the table and its indexes as the executor does,
- * take a transaction ID, and use a command ID (returned), after the command
- * counter increment SPI makes before a statement that may write.
+ * The locks and the transaction ID the INSERT of a processing row would
+ * take: the table's and its indexes' RowExclusiveLock, as the executor
+ * takes them.  (Its command ID is act_as_statement's.)
  */
-static CommandId
-act_as_insert(Oid table)
+static void
+lock_as_insert(Oid table)
 {
 	Relation	rel;
 	List	   *indexes;
@@ -252,7 +248,6 @@ act_as_insert(Oid table)
 	list_free(indexes);
 
 	(void) GetCurrentTransactionId();
-	return act_as_statement();
 }
 
 /*
@@ -271,41 +266,49 @@ register_callbacks(void)
 {
 	if (callbacks_registered)
 		return;
-	RegisterXactCallback(pending_xact_callback, NULL);
-	RegisterSubXactCallback(pending_subxact_callback, NULL);
+	RegisterXactCallback(held_xact_callback, NULL);
+	RegisterSubXactCallback(held_subxact_callback, NULL);
 	callbacks_registered = true;
 }
 
 /*
  * Hold a fresh claim.  The caller holds the key lock and has read, after
- * taking it, that the key has no record; idem_pending_allowed() said yes.
+ * taking it, that the key has no record; idem_held_allowed() said yes.
+ * Returns false when the claim must be written at once after all: taking
+ * the INSERT's lock let in a change to the table that another session
+ * committed meanwhile (a trigger, say), so it is no longer as made.
  */
-void
-idem_pending_add(const IdemKey *k, text *fingerprint, int64 token,
-				 TimestampTz now, TimestampTz lease_expires_at, int64 ttl_us)
+bool
+idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
+			  TimestampTz now, TimestampTz lease_expires_at, int64 ttl_us)
 {
 	Oid			table = idem_store_table();
-	CommandId	cid = act_as_insert(table);
+	CommandId	cid;
 	MemoryContext old;
-	IdemPendingClaim *p;
+	IdemHeldClaim *p;
+
+	lock_as_insert(table);
+	if (!idem_store_table_as_made() || idem_store_table() != table)
+		return false;
+	cid = act_as_statement();
 
 	register_callbacks();
-	if (pending_context == NULL)
+	if (held_context == NULL)
 	{
-		pending_context = AllocSetContextCreate(TopTransactionContext,
+		held_context = AllocSetContextCreate(TopTransactionContext,
 												"idempotency held claims",
 												ALLOCSET_SMALL_SIZES);
-		pending_allocated = IDEM_MAX_PENDING;
-		pending = MemoryContextAlloc(pending_context,
-									 sizeof(IdemPendingClaim) * pending_allocated);
+		held_allocated = IDEM_MAX_HELD;
+		held = MemoryContextAlloc(held_context,
+									 sizeof(IdemHeldClaim) * held_allocated);
 	}
-	else if (pending_used >= pending_allocated)
+	else if (held_used >= held_allocated)
 	{
-		pending_allocated *= 2;
-		pending = repalloc(pending, sizeof(IdemPendingClaim) * pending_allocated);
+		held_allocated *= 2;
+		held = repalloc(held, sizeof(IdemHeldClaim) * held_allocated);
 	}
-	old = MemoryContextSwitchTo(pending_context);
-	p = &pending[pending_used++];
+	old = MemoryContextSwitchTo(held_context);
+	p = &held[held_used++];
 	p->tenant_id = (text *) PG_DETOAST_DATUM_COPY(PointerGetDatum(k->tenant_id));
 	p->key = (text *) PG_DETOAST_DATUM_COPY(PointerGetDatum(k->key));
 	p->fingerprint = fingerprint ?
@@ -329,11 +332,12 @@ idem_pending_add(const IdemKey *k, text *fingerprint, int64 token,
 	p->successor_token = 0;
 	p->written_in = InvalidSubTransactionId;
 	idem_claims_held = true;
+	return true;
 }
 
 /* A record for the key exists although this transaction holds its lock. */
 static void
-report_lost_claim(const IdemPendingClaim *p)
+report_lost_claim(const IdemHeldClaim *p)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_IDEM_TOKEN_MISMATCH),
@@ -351,7 +355,7 @@ typedef enum HeldWrite
 } HeldWrite;
 
 static void
-write_steps(IdemPendingClaim *p, HeldWrite what)
+write_steps(IdemHeldClaim *p, HeldWrite what)
 {
 	IdemKey		k = {p->tenant_id, p->key};
 	bool		final_only = what == WRITE_FINAL;
@@ -390,7 +394,7 @@ write_steps(IdemPendingClaim *p, HeldWrite what)
  * caller: it becomes the lost-claim error.
  */
 static void
-write_as_owner(IdemPendingClaim *p, HeldWrite what)
+write_as_owner(IdemHeldClaim *p, HeldWrite what)
 {
 	MemoryContext caller_context = CurrentMemoryContext;
 	Oid			save_userid;
@@ -433,7 +437,7 @@ write_as_owner(IdemPendingClaim *p, HeldWrite what)
  * claim in every respect.
  */
 void
-idem_pending_materialize(IdemPendingClaim *p)
+idem_held_materialize(IdemHeldClaim *p)
 {
 	volatile bool pushed = false;
 
@@ -455,12 +459,12 @@ idem_pending_materialize(IdemPendingClaim *p)
  * written first and the caller settles it as a written claim.
  */
 static bool
-may_record_settle(IdemPendingClaim *p, AclMode mode)
+may_record_settle(IdemHeldClaim *p, AclMode mode)
 {
 	if (GetCurrentTransactionNestLevel() == 1 && !XactReadOnly &&
 		may_use_table(p->schema, p->table, mode))
 		return true;
-	idem_pending_materialize(p);
+	idem_held_materialize(p);
 	return false;
 }
 
@@ -470,7 +474,7 @@ may_record_settle(IdemPendingClaim *p, AclMode mode)
  * as a written claim.
  */
 bool
-idem_pending_finish(IdemPendingClaim *p, IdemStatus status, Datum response,
+idem_held_finish(IdemHeldClaim *p, IdemStatus status, Datum response,
 					bool response_isnull, TimestampTz now)
 {
 	MemoryContext old;
@@ -484,7 +488,7 @@ idem_pending_finish(IdemPendingClaim *p, IdemStatus status, Datum response,
 	p->response_isnull = response_isnull;
 	if (!response_isnull)
 	{
-		old = MemoryContextSwitchTo(pending_context);
+		old = MemoryContextSwitchTo(held_context);
 		p->response = PointerGetDatum(PG_DETOAST_DATUM_COPY(response));
 		MemoryContextSwitchTo(old);
 	}
@@ -497,11 +501,11 @@ idem_pending_finish(IdemPendingClaim *p, IdemStatus status, Datum response,
  * the claim was written instead.
  */
 bool
-idem_pending_release(IdemPendingClaim *p, TimestampTz now)
+idem_held_release(IdemHeldClaim *p, TimestampTz now)
 {
 	if (!may_record_settle(p, ACL_SELECT | ACL_DELETE))
 		return false;
-	p->successor_token = idem_successor_token(now, p->token);
+	p->successor_token = idem_successor_token(idem_store_token_sequence(), now, p->token);
 	p->settle_cid = act_as_statement();
 	p->settle = IDEM_HELD_RELEASED;
 	p->settled_at = now;
@@ -513,15 +517,15 @@ idem_pending_release(IdemPendingClaim *p, TimestampTz now)
  * happened: a key released without failure may be claimed again, and its
  * second claim's row must follow the first one's DELETE.
  */
-static IdemPendingClaim *
+static IdemHeldClaim *
 oldest_held(void)
 {
-	IdemPendingClaim *oldest = NULL;
+	IdemHeldClaim *oldest = NULL;
 
-	for (int i = 0; i < pending_used; i++)
-		if (is_held(&pending[i]) &&
-			(oldest == NULL || pending[i].claim_cid < oldest->claim_cid))
-			oldest = &pending[i];
+	for (int i = 0; i < held_used; i++)
+		if (is_held(&held[i]) &&
+			(oldest == NULL || held[i].claim_cid < oldest->claim_cid))
+			oldest = &held[i];
 	return oldest;
 }
 
@@ -531,7 +535,7 @@ oldest_held(void)
  * our functions that reads more than its own key (readers.c, lookup.c).
  */
 void
-idem_pending_write_all(void)
+idem_held_write_all(void)
 {
 	if (writing_all || !idem_claims_held)
 		return;
@@ -539,10 +543,10 @@ idem_pending_write_all(void)
 	writing_all = true;
 	PG_TRY();
 	{
-		IdemPendingClaim *p;
+		IdemHeldClaim *p;
 
 		while ((p = oldest_held()) != NULL)
-			idem_pending_materialize(p);
+			idem_held_materialize(p);
 	}
 	PG_FINALLY();
 	{
@@ -556,13 +560,13 @@ idem_pending_write_all(void)
  * belong to?
  */
 bool
-idem_pending_table_in(List *relation_oids)
+idem_held_table_in(List *relation_oids)
 {
 	ListCell   *lc;
 
 	foreach(lc, relation_oids)
-		for (int i = 0; i < pending_used; i++)
-			if (is_held(&pending[i]) && pending[i].table == lfirst_oid(lc))
+		for (int i = 0; i < held_used; i++)
+			if (is_held(&held[i]) && held[i].table == lfirst_oid(lc))
 				return true;
 	return false;
 }
@@ -572,7 +576,7 @@ idem_pending_table_in(List *relation_oids)
  * TRANSACTION, when nothing in this transaction reads any more.
  */
 void
-idem_pending_write_final(void)
+idem_held_write_final(void)
 {
 	volatile bool pushed = false;
 
@@ -582,7 +586,7 @@ idem_pending_write_final(void)
 	writing_all = true;
 	PG_TRY();
 	{
-		IdemPendingClaim *p;
+		IdemHeldClaim *p;
 
 		if (!ActiveSnapshotSet())
 		{
@@ -602,14 +606,14 @@ idem_pending_write_final(void)
 }
 
 static void
-pending_xact_callback(XactEvent event, void *arg)
+held_xact_callback(XactEvent event, void *arg)
 {
 	switch (event)
 	{
 		case XACT_EVENT_PRE_COMMIT:
 		case XACT_EVENT_PRE_PREPARE:
 			/* COMMIT wrote them already (readers.c): this covers the rest */
-			idem_pending_write_final();
+			idem_held_write_final();
 			break;
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_ABORT:
@@ -617,10 +621,10 @@ pending_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PARALLEL_ABORT:
 			/* the memory goes with TopTransactionContext */
-			pending_context = NULL;
-			pending = NULL;
-			pending_allocated = 0;
-			pending_used = 0;
+			held_context = NULL;
+			held = NULL;
+			held_allocated = 0;
+			held_used = 0;
 			writing_all = false;
 			idem_claims_held = false;
 			break;
@@ -630,12 +634,12 @@ pending_xact_callback(XactEvent event, void *arg)
 }
 
 static void
-pending_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 						 SubTransactionId parentSubid, void *arg)
 {
-	for (int i = pending_used - 1; i >= 0; i--)
+	for (int i = held_used - 1; i >= 0; i--)
 	{
-		IdemPendingClaim *p = &pending[i];
+		IdemHeldClaim *p = &held[i];
 
 		if (p->written_in != mySubid)
 			continue;

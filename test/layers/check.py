@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""The layers of src/, checked from the build.
+
+Every object file src/X.o is given one layer below (the only place the
+layers are written down; docs/design.md draws the same map).  A file may
+call only files of a lower layer: an undefined symbol of X.o that another
+object defines is a call from X to that file.  The check fails on a call to
+a file of the same or a higher layer and on any cycle, and names the
+symbols.  Hooks PostgreSQL calls back (executor, utility, planner,
+transaction callbacks) are entry points: the files that install them sit
+where their callers put them.
+
+  test/layers/check.py [SRC_DIR]          check SRC_DIR (default src) *.o
+  test/layers/check.py --self-test        plant an upward call and a cycle in
+                                          a scratch copy; each must be reported
+"""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+# Higher calls lower.  7: module entry; 6, 5: SQL-callable functions, the
+# sweeper worker and the hooks; 4: held claims; 3: the record access through
+# SPI (and the planner hook for its own statements); 2: the direct read and
+# Citus's catalogs; 1 and 0: key locks, tokens, table shape, statistics,
+# argument checks, settings, record values.
+LAYERS = {
+    "idempotency": 7,
+    "claim_many": 6, "worker": 6, "readers": 6,
+    "claim": 5, "settle": 5, "lookup": 5, "sweep": 5, "child_key": 5,
+    "held": 4,
+    "store": 3,
+    "direct_read": 2, "citus": 2,
+    "keylock": 1, "tokens": 1, "table_shape": 1, "stats": 1, "validate": 1,
+    "guc": 0, "subxact": 0, "record": 0,
+}
+
+
+def symbols(obj, *flags):
+    out = subprocess.run(["nm", *flags, obj], capture_output=True, text=True, check=True).stdout
+    return [line.split()[-1] for line in out.splitlines() if line.strip()]
+
+
+def call_graph(src):
+    objs = sorted(glob.glob(os.path.join(src, "*.o")))
+    if not objs:
+        raise SystemExit(f"no object files in {src}: build first (make)")
+    defined = {}
+    for obj in objs:
+        for sym in symbols(obj, "-g", "--defined-only"):
+            defined[sym] = os.path.basename(obj)[:-2]
+    edges = {}
+    for obj in objs:
+        name = os.path.basename(obj)[:-2]
+        for sym in symbols(obj, "-u"):
+            target = defined.get(sym)
+            if target and target != name:
+                edges.setdefault((name, target), []).append(sym)
+    return [os.path.basename(o)[:-2] for o in objs], edges
+
+
+def cycles(names, edges):
+    """Strongly connected components of more than one file (Tarjan)."""
+    succ = {n: [b for (a, b) in edges if a == n] for n in names}
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in succ[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for n in names:
+        if n not in index:
+            visit(n)
+    return found
+
+
+def problems(src):
+    names, edges = call_graph(src)
+    found = []
+    for n in names:
+        if n not in LAYERS:
+            found.append(f"src/{n}.c has no layer: give it one in test/layers/check.py and docs/design.md")
+    for n in LAYERS:
+        if n not in names:
+            found.append(f"src/{n}.c is listed in test/layers/check.py but was not built")
+    for (a, b), syms in sorted(edges.items()):
+        if a in LAYERS and b in LAYERS and LAYERS[a] <= LAYERS[b]:
+            found.append(f"call not downward: src/{a}.c (layer {LAYERS[a]}) -> src/{b}.c "
+                         f"(layer {LAYERS[b]}): {', '.join(sorted(set(syms)))}")
+    for comp in cycles(names, edges):
+        found.append("cycle: " + " <-> ".join(f"src/{c}.c" for c in comp))
+    return names, edges, found
+
+
+def check(src):
+    names, edges, found = problems(src)
+    for p in found:
+        print("FAIL", p)
+    if not found:
+        print(f"ok   {len(names)} files, {len(edges)} calls between them, all downward, no cycle")
+    return not found
+
+
+PLANTS = {
+    "upward call": {"guc.c": "\nextern void idem_planted_up(void);\nvoid idem_planted_up(void)\n"
+                             "{\n\tidem_claim_one(NULL, NULL, NULL);\n}\n"},
+    "cycle": {"record.c": "\nextern void idem_planted_a(void);\nextern void idem_planted_b(void);\n"
+                          "void idem_planted_a(void)\n{\n\tidem_planted_b();\n}\n",
+              "subxact.c": "\nextern void idem_planted_a(void);\nextern void idem_planted_b(void);\n"
+                           "void idem_planted_b(void)\n{\n\tidem_planted_a();\n}\n"},
+}
+
+
+def self_test(repo):
+    ok = True
+    for what, plant in PLANTS.items():
+        with tempfile.TemporaryDirectory(prefix="idem-layers-") as scratch:
+            for part in ("Makefile", "src"):
+                src = os.path.join(repo, part)
+                (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, os.path.join(scratch, part))
+            for f in glob.glob(os.path.join(repo, "*.control")):
+                shutil.copy(f, scratch)
+            for f, code in plant.items():
+                with open(os.path.join(scratch, "src", f), "a") as out:
+                    out.write(code)
+            objs = [f"src/{f[:-2]}.o" for f in plant]
+            build = subprocess.run(["make", "-s", "with_llvm=no", *objs], cwd=scratch,
+                                   capture_output=True, text=True)
+            if build.returncode != 0:
+                print(f"FAIL self-test ({what}): the planted file does not compile:\n{build.stderr}")
+                ok = False
+                continue
+            _, _, found = problems(os.path.join(scratch, "src"))
+            expect = "cycle:" if what == "cycle" else "call not downward:"
+            if any(p.startswith(expect) for p in found):
+                print(f"ok   self-test: a planted {what} is reported")
+            else:
+                print(f"FAIL self-test: a planted {what} is not reported")
+                ok = False
+    return ok
+
+
+if __name__ == "__main__":
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if sys.argv[1:] == ["--self-test"]:
+        sys.exit(0 if self_test(repo) else 1)
+    sys.exit(0 if check(sys.argv[1] if len(sys.argv) > 1 else os.path.join(repo, "src")) else 1)
