@@ -1,5 +1,6 @@
-"""The HTTP contract every framework integration under examples/ must keep,
-checked end to end against a running app (test/suites/76-fastapi, 77-express).
+"""The HTTP contract every framework integration must keep, checked end to
+end against a running example app of each package (test/suites/76-python,
+77-node, 79-go).
 
 The apps are the same ledger service: POST /entries books a JSON array of
 {"account", "amount"} entries, one row per entry in ledger_entries, at most
