@@ -6,7 +6,9 @@
 #ifndef IDEM_COMPAT_H
 #define IDEM_COMPAT_H
 
+#include "catalog/pg_namespace.h"
 #include "executor/executor.h"
+#include "utils/acl.h"
 
 /* PostgreSQL 16 moved the varlena macros out of postgres.h. */
 #if PG_VERSION_NUM >= 160000
@@ -20,6 +22,15 @@
 #else
 #define idem_index_beginscan(heap, index, snapshot, nkeys) \
 	index_beginscan(heap, index, snapshot, nkeys, 0)
+#endif
+
+/* PostgreSQL 16 replaced pg_namespace_aclcheck by object_aclcheck. */
+#if PG_VERSION_NUM >= 160000
+#define idem_namespace_aclcheck(nsp, role, mode) \
+	object_aclcheck(NamespaceRelationId, nsp, role, mode)
+#else
+#define idem_namespace_aclcheck(nsp, role, mode) \
+	pg_namespace_aclcheck(nsp, role, mode)
 #endif
 
 /* PostgreSQL 16 gave stringToQualifiedNameList a soft-error context. */

@@ -121,7 +121,7 @@ static bool
 direct_read_allowed(void)
 {
 	return idem_direct_reads && idem_direct_probe_available() && ActiveSnapshotSet() &&
-		pg_namespace_aclcheck(get_rel_namespace(read_table), GetUserId(),
+		idem_namespace_aclcheck(get_rel_namespace(read_table), GetUserId(),
 							  ACL_USAGE) == ACLCHECK_OK &&
 		pg_class_aclcheck(read_table, GetUserId(), ACL_SELECT) == ACLCHECK_OK &&
 		check_enable_rls(read_table, InvalidOid, true) == RLS_NONE;

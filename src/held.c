@@ -61,6 +61,7 @@
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
+#include "compat.h"
 #include "idempotency.h"
 
 /*
@@ -155,7 +156,7 @@ may_use_table(Oid schema, Oid table, AclMode mode)
 {
 	AclMode		each[] = {ACL_SELECT, ACL_INSERT, ACL_UPDATE, ACL_DELETE};
 
-	if (pg_namespace_aclcheck(schema, GetUserId(), ACL_USAGE) != ACLCHECK_OK)
+	if (idem_namespace_aclcheck(schema, GetUserId(), ACL_USAGE) != ACLCHECK_OK)
 		return false;
 	for (size_t i = 0; i < lengthof(each); i++)
 		if ((mode & each[i]) &&
