@@ -16,17 +16,18 @@ SELECT setval('idempotency_tokens', 9223372036854775807 - 5) AS mark;
 
 -- A record written around the functions, holding the largest bigint as
 -- its token, with its lease over (while processing, expires_at is the
--- lease's end).
+-- lease's end) and a recovery point.
 INSERT INTO idempotency_records (tenant_id, key, status, token, ttl, expires_at,
-                                 lease_expires_at, created_at, updated_at)
+                                 lease_expires_at, created_at, updated_at, recovery_point)
 VALUES ('t', 'top', 'processing', 9223372036854775807, '1 day',
-        now() - interval '1 minute', now() - interval '1 minute', now(), now());
+        now() - interval '1 minute', now() - interval '1 minute', now(), now(), 'p1');
 CREATE TEMP TABLE top_before AS SELECT * FROM idempotency_records WHERE key = 'top';
 
 -- Its takeover would need token + 1: refused, the record as it was.
 SELECT outcome, token FROM idem_claim('t', 'top');
 \echo :LAST_ERROR_SQLSTATE
--- Its release would hand it on with token + 1: refused too.
+-- Its release would hand it on (it has a recovery point) with token + 1:
+-- refused too.
 SELECT idem_release('t', 'top', 9223372036854775807);
 \echo :LAST_ERROR_SQLSTATE
 SELECT (SELECT r FROM idempotency_records r WHERE key = 'top')
@@ -62,10 +63,14 @@ SELECT pg_sleep(0.02);
 CREATE TEMP TABLE f2_before AS SELECT * FROM idempotency_records WHERE key = 'f2';
 SELECT outcome, token FROM idem_claim('t', 'f2');
 \echo :LAST_ERROR_SQLSTATE
-SELECT idem_release('t', 'f2', 9223372036854775807);
-\echo :LAST_ERROR_SQLSTATE
 SELECT (SELECT r FROM idempotency_records r WHERE key = 'f2')
      = (SELECT b FROM f2_before b) AS f2_unchanged;
+-- Its release without a recovery point needs no new token: the record goes.
+SELECT idem_release('t', 'f2', 9223372036854775807);
+SELECT count(*) AS f2_records FROM idempotency_records WHERE key = 'f2';
+-- A wrong token at the top is refused as a wrong token (ID001: no record).
+SELECT idem_release('t', 'f2', 9223372036854775807);
+\echo :LAST_ERROR_SQLSTATE
 
 -- In a transaction (held claims), the refusal is the same.
 BEGIN;

@@ -330,7 +330,6 @@ idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
 	p->response = (Datum) 0;
 	p->response_isnull = true;
 	p->settled_at = 0;
-	p->successor_token = 0;
 	p->written_in = InvalidSubTransactionId;
 	idem_claims_held = true;
 	return true;
@@ -381,7 +380,7 @@ write_steps(IdemHeldClaim *p, HeldWrite what)
 	if (finished ?
 		!idem_store_finish(&k, p->token, p->status, p->response,
 						   p->response_isnull, p->settled_at) :
-		!idem_store_release(&k, p->token, p->successor_token, p->settled_at))
+		!idem_store_delete_claim(&k, p->token))
 		elog(ERROR, "held claim of key \"%s\" could not be settled",
 			 text_to_cstring(p->key));
 }
@@ -506,7 +505,6 @@ idem_held_release(IdemHeldClaim *p, TimestampTz now)
 {
 	if (!may_record_settle(p, ACL_SELECT | ACL_DELETE))
 		return false;
-	p->successor_token = idem_successor_token(idem_store_token_sequence(), now, p->token);
 	p->settle_cid = act_as_statement();
 	p->settle = IDEM_HELD_RELEASED;
 	p->settled_at = now;

@@ -180,8 +180,9 @@ extern bool idem_store_fail_stale(const IdemKey *k, int64 old_token,
 extern bool idem_store_finish(const IdemKey *k, int64 token, IdemStatus status,
 							  Datum response, bool response_isnull,
 							  TimestampTz now);
-extern bool idem_store_release(const IdemKey *k, int64 token,
-							   int64 new_token, TimestampTz now);
+extern bool idem_store_delete_claim(const IdemKey *k, int64 token);
+extern bool idem_store_hand_on(const IdemKey *k, int64 token, int64 new_token,
+							   TimestampTz now);
 extern bool idem_store_checkpoint(const IdemKey *k, int64 token, text *point,
 								  Datum state, TimestampTz now);
 extern bool idem_store_has_checkpoints(void);
@@ -307,7 +308,6 @@ typedef struct IdemHeldClaim
 	Datum		response;		/* 0: none */
 	bool		response_isnull;
 	TimestampTz settled_at;
-	int64		successor_token;	/* IDEM_HELD_RELEASED */
 	SubTransactionId written_in;	/* written in this subxact (rolls back) */
 } IdemHeldClaim;
 

@@ -144,6 +144,28 @@ idem_complete(PG_FUNCTION_ARGS)
 }
 
 /*
+ * Release a written claim without a failure: delete its record, or hand a
+ * record with a recovery point on under the successor of token.  The
+ * successor is taken only for a record token holds, so a wrong token is
+ * refused for what it is (ID001/ID002/ID003), not for having no successor.
+ */
+static bool
+release_claim(const IdemKey *k, int64 token, TimestampTz now)
+{
+	IdemRecord	rec;
+
+	if (idem_store_delete_claim(k, token))
+		return true;
+	if (!idem_store_has_checkpoints() || !idem_store_read(k, &rec, true) ||
+		rec.token != token || rec.status != IDEM_PROCESSING ||
+		rec.recovery_point == NULL)
+		return false;
+	return idem_store_hand_on(k, token,
+							  idem_successor_token(idem_store_token_sequence(), now, token),
+							  now);
+}
+
+/*
  * idem_release(tenant_id, key, token, failure) RETURNS void
  *
  * Without failure the record is deleted and the key can be claimed again;
@@ -176,12 +198,7 @@ idem_release(PG_FUNCTION_ARGS)
 		idem_store_begin(fcinfo);
 		idem_keylock_hold(&k, idem_direct_inserter);
 		if (failure_isnull)
-		{
-			int64		successor = idem_successor_token(idem_store_token_sequence(),
-														 now, token);
-
-			done = idem_store_release(&k, token, successor, now);
-		}
+			done = release_claim(&k, token, now);
 		else
 			done = idem_store_finish(&k, token, IDEM_FAILED, failure, false,
 									 GetCurrentTimestamp());

@@ -1036,24 +1036,37 @@ idem_store_finish(const IdemKey *k, int64 token, IdemStatus status,
 }
 
 /*
- * Release a claim without a failure: delete its record, or, when it has a
- * recovery point, end its lease now under new_token so that the next claim
- * resumes from there.  Returns false when token holds no processing record.
+ * Release a claim without a failure: delete its processing record, unless
+ * it has a recovery point.  Returns false when token holds no processing
+ * record without one.
  */
 bool
-idem_store_release(const IdemKey *k, int64 token, int64 new_token,
-				   TimestampTz now)
+idem_store_delete_claim(const IdemKey *k, int64 token)
 {
-	Datum		values[5];
+	Datum		values[3];
 
 	values[0] = PointerGetDatum(k->tenant_id);
 	values[1] = PointerGetDatum(k->key);
 	values[2] = Int64GetDatum(token);
+	return store_run(Q_DELETE_CLAIM, values, "   ", false, 0) == 1;
+}
 
-	if (store_run(Q_DELETE_CLAIM, values, "   ", false, 0) == 1)
-		return true;
+/*
+ * Release a claim with a recovery point: its lease ends now under
+ * new_token, so that the next claim resumes from there.  Returns false when
+ * token holds no such record.
+ */
+bool
+idem_store_hand_on(const IdemKey *k, int64 token, int64 new_token,
+				   TimestampTz now)
+{
+	Datum		values[5];
+
 	if (!has_checkpoints)
 		return false;
+	values[0] = PointerGetDatum(k->tenant_id);
+	values[1] = PointerGetDatum(k->key);
+	values[2] = Int64GetDatum(token);
 	values[3] = Int64GetDatum(new_token);
 	values[4] = TimestampTzGetDatum(now);
 	return store_run(Q_RELEASE_KEEP, values, "     ", false, 0) == 1;

@@ -490,8 +490,8 @@ idem_successor_token(Oid sequence, TimestampTz now, int64 old)
 		ereport(ERROR,
 				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
 				 errmsg("fencing token " INT64_FORMAT " has no successor", old),
-				 errdetail("A takeover, or a release without a failure, needs the old "
-						   "token plus one, and " INT64_FORMAT " is the largest bigint.",
+				 errdetail("A takeover, or a release that hands a record with a recovery point on, "
+						   "needs the old token plus one, and " INT64_FORMAT " is the largest bigint.",
 						   PG_INT64_MAX)));
 	return reserve(sequence, now, 1, successor);
 }
