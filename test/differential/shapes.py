@@ -1041,6 +1041,8 @@ PEER_DDL = [
     ('txn', 'LOCK idempotency_records IN ACCESS EXCLUSIVE MODE'),
     ('txn', 'LOCK idempotency_records IN SHARE MODE'),
     ('any', 'CREATE INDEX peer_idx ON idempotency_records (created_at)'),
+    ('any', 'CREATE UNIQUE INDEX peer_unique ON idempotency_records (tenant_id, fingerprint)'),
+    ('any', 'CREATE INDEX peer_expr ON idempotency_records (lower(key))'),
     ('any', 'CREATE TRIGGER peer_trg AFTER INSERT OR UPDATE ON idempotency_records '
             'FOR EACH ROW EXECUTE FUNCTION rec_deferred()'),
     ('any', 'CREATE TRIGGER peer_trg_notify AFTER INSERT OR UPDATE OR DELETE ON idempotency_records '
@@ -1074,8 +1076,8 @@ def shape_other_session_ddl(g):
     if not autocommit:
         g.begin()
 
-    def peer_ddl():
-        how, sql = g.r.choice(PEER_DDL)
+    def peer_ddl(choices=PEER_DDL):
+        how, sql = g.r.choice(choices)
         sql = sql.replace('{T}', T)
         if how == 'txn' or g.chance(0.3):
             peer_step(g, 'BEGIN')
@@ -1084,11 +1086,12 @@ def shape_other_session_ddl(g):
         else:
             peer_step(g, sql)
 
-    if not first and g.chance(0.3):
-        # only read so far (AccessShareLock): the DDL is granted, then the
-        # claims must see what it made (a trigger fires, an index is filled)
+    if not first and g.chance(0.4):
+        # only read so far (AccessShareLock): DDL that takes a lock compatible
+        # with it is granted, then the claims must see what it made (a
+        # trigger fires, a unique index refuses, an index is filled)
         g.lookup(g.r.choice(keys))
-        peer_ddl()
+        peer_ddl([d for d in PEER_DDL if d[1].startswith(('CREATE', 'SELECT idem_create_index'))])
     for k in keys:
         if g.chance(0.85):
             g.claim(k)
@@ -1254,6 +1257,7 @@ RECORD_INPUTS = [
     "SELECT * FROM jsonb_to_record(jsonb_build_object('k', {K})) AS r(k recorded_key)",
     "SELECT * FROM json_to_recordset(json_build_array(json_build_object('k', {K}, 'n', 2))) AS r(k noisy_key, n int)",
     "SELECT ('(' || {K} || ')')::text::rec_ref",
+    "SELECT {KROW}::text::rec_ref",         # a constant: the planner may fold the cast
     "SELECT ('(' || {K} || ',3)')::text::noisy_ref",
     "SELECT {K}::recorded_key",
     "SELECT {K}::text::noisy_key",
@@ -1291,6 +1295,7 @@ def shape_record_input(g):
         n += 1
         sql = g.r.choice(RECORD_INPUTS)
         sql = sql.replace('{K2}', q(g.r.choice(keys + ['nokey']))).replace(
+            '{KROW}', q('(%s)' % g.r.choice(keys + ['nokey']))).replace(
             '{K}', q(g.r.choice(keys + ['nokey']))).replace('{N}', str(n))
         g.add(sql)
         if g.chance(0.3):
