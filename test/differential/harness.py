@@ -83,6 +83,44 @@ REC_TRIGGERS['fk'] = ('ALTER TABLE orders ADD CONSTRAINT orders_record_fk FOREIG
                       'REFERENCES idempotency_records')
 REC_TRIGGER_DROPS['fk'] = 'ALTER TABLE orders DROP CONSTRAINT IF EXISTS orders_record_fk'
 
+# Alterations of idempotency_records made before a case starts (issue 19):
+# with any of them the table is no longer exactly as the extension made it,
+# so a claim must be written at once on both sides, and whatever was added
+# (a CHECK, a unique index, a volatile default, a policy, a collation, ...)
+# takes effect the same way.  Each is undone by restore_records_table()
+# (schema.sql), which also undoes what another session did to the table in
+# a case ('restore': nothing to set up).
+ALTERATIONS = {
+    'alt_check': "ALTER TABLE idempotency_records ADD CONSTRAINT alt_check CHECK "
+                 "(key NOT LIKE '%bad%' AND (response IS NULL OR NOT response ? 'reject'))",
+    'alt_unique': 'CREATE UNIQUE INDEX alt_unique ON idempotency_records (tenant_id, fingerprint)',
+    'alt_unique_lower': 'CREATE UNIQUE INDEX alt_unique_lower ON idempotency_records (tenant_id, lower(key))',
+    'alt_column_count': 'ALTER TABLE idempotency_records ADD COLUMN alt_seen bigint DEFAULT rec_count_all()',
+    'alt_column_seq': "SELECT setval('alt_seq', 1, false); "
+                      "ALTER TABLE idempotency_records ADD COLUMN alt_n bigint DEFAULT nextval('alt_seq')",
+    'alt_default': "ALTER TABLE idempotency_records ALTER COLUMN fingerprint SET DEFAULT 'by-default'",
+    'alt_rls': "ALTER TABLE idempotency_records ENABLE ROW LEVEL SECURITY; "
+               "CREATE POLICY alt_policy ON idempotency_records USING (key NOT LIKE 'hidden%') "
+               "WITH CHECK (key NOT LIKE 'deny%')",
+    'alt_tenant_isolation': "SELECT idem_set_tenant_isolation(true, 'app.tenant')",
+    # rec_view (schema.sql) names the column: it is made again around the change
+    'alt_collation': 'DROP VIEW rec_view; '
+                     'ALTER TABLE idempotency_records ALTER COLUMN key TYPE text COLLATE alt_ci; '
+                     'CREATE VIEW rec_view AS SELECT tenant_id, key, status, token FROM idempotency_records; '
+                     'GRANT SELECT ON rec_view TO diff_app, diff_noinsert',
+    'alt_index_collation': 'CREATE INDEX alt_key_ci ON idempotency_records (key COLLATE alt_ci)',
+    'alt_partial': "CREATE INDEX alt_partial ON idempotency_records (key) WHERE status = 'processing'",
+    'alt_notnull_status': 'ALTER TABLE idempotency_records ALTER COLUMN status DROP NOT NULL',
+    'alt_notnull_token': 'ALTER TABLE idempotency_records ALTER COLUMN token DROP NOT NULL',
+    'alt_rule': "CREATE RULE alt_rule AS ON INSERT TO idempotency_records DO ALSO "
+                "INSERT INTO audit (what, info) VALUES ('rule', NEW.key || ' ' || NEW.status)",
+    'alt_child': 'CREATE TABLE alt_child () INHERITS (idempotency_records)',
+    'restore': 'SELECT restore_records_table()',
+}
+for _name, _sql in ALTERATIONS.items():
+    REC_TRIGGERS[_name] = _sql
+    REC_TRIGGER_DROPS[_name] = 'SELECT restore_records_table()'
+
 STATEMENT_TIMEOUT = '10s'
 
 
@@ -202,7 +240,10 @@ class Side:
         return rows
 
     def reset(self, case):
-        parts = [REC_TRIGGER_DROPS[t] for t in sorted(self.triggers)]
+        parts = []
+        for t in sorted(self.triggers):
+            if REC_TRIGGER_DROPS[t] not in parts:      # restore_records_table() once
+                parts.append(REC_TRIGGER_DROPS[t])
         parts.append('SELECT reset_case(%d)' % case.rows)
         parts += [REC_TRIGGERS[t] for t in case.rec_triggers]
         self._simple(';\n'.join(parts))

@@ -50,7 +50,7 @@ DECLARE
     t text;
     tables text := 'ledger, idempotency_records';
 BEGIN
-    FOREACH t IN ARRAY ARRAY['audit', 'inbox', 'outbox', 'checked', 'orders'] LOOP
+    FOREACH t IN ARRAY ARRAY['audit', 'inbox', 'outbox', 'checked', 'orders', 'refs', 'noisy'] LOOP
         IF pg_relation_size(t::regclass) > 0 THEN
             tables := tables || ', ' || t;
         END IF;
@@ -249,11 +249,24 @@ END $$;
 CREATE CONSTRAINT TRIGGER outbox_settle AFTER INSERT ON outbox
     DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION outbox_settle();
 
+-- Wait until the clock has moved on by at least a microsecond.  A held
+-- claim's settle costs well under a microsecond, so in a tight loop the on
+-- side can stamp one key's completion and the next key's claim with the same
+-- microsecond where the off side, with an UPDATE in between, cannot: equal
+-- timestamps by speed alone, which the normalisation would report.
+CREATE FUNCTION next_microsecond() RETURNS void LANGUAGE plpgsql AS $$
+DECLARE t timestamptz := clock_timestamp();
+BEGIN
+    WHILE clock_timestamp() = t LOOP
+    END LOOP;
+END $$;
+
 -- transaction control inside a procedure: claims on both sides of a COMMIT
 CREATE PROCEDURE claim_batches(t text, n int, per int, fail_at int DEFAULT 0) LANGUAGE plpgsql AS $$
 DECLARE r idem_claim_result;
 BEGIN
     FOR i IN 1..n LOOP
+        PERFORM next_microsecond();
         r := idem_claim(t, 'p' || i);
         INSERT INTO audit (what, info) VALUES ('proc', 'p' || i || ' ' || r.outcome);
         IF r.outcome = 'claimed' AND i % 2 = 0 THEN
@@ -291,3 +304,129 @@ GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO diff_app, diff_noinsert;
 GRANT SELECT, UPDATE, DELETE ON idempotency_records TO diff_noinsert;
 GRANT SELECT, INSERT, UPDATE, DELETE ON ledger, audit, inbox, outbox, checked, orders TO diff_noinsert;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO diff_app, diff_noinsert;
+
+-- ---------------------------------------------------------------------------
+-- Issue 19's shapes (shapes.py: other_session_ddl, privileges_midway,
+-- altered_table, record_input, collation_case).
+
+-- Record-input functions run domain checks inside a built-in
+-- (jsonb_populate_record, json_populate_recordset, jsonb_to_record ... AS
+-- r(k recorded_key), '(k1)'::text::rec_ref): rec_ref's field is checked by
+-- recorded_key's CHECK, which reads the records.  noisy_key's check reads
+-- them too and says what it saw in a NOTICE, so a passing check still shows
+-- what it saw.
+CREATE TYPE rec_ref AS (k recorded_key);
+CREATE FUNCTION noisy_seen(v text) RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RAISE NOTICE 'domain check of %: % records, % processing', v,
+        (SELECT count(*) FROM idempotency_records),
+        (SELECT count(*) FROM idempotency_records WHERE status = 'processing');
+    RETURN true;
+END $$;
+CREATE DOMAIN noisy_key AS text CHECK (noisy_seen(VALUE));
+CREATE TYPE noisy_ref AS (k noisy_key, n int);
+CREATE TABLE refs (id int PRIMARY KEY, k recorded_key, nk noisy_key);
+
+-- A btree operator class whose support function is PL/pgSQL that reads the
+-- records (and says so): a business INSERT into noisy runs it for every
+-- comparison its unique index makes.  The operators are text's own.
+CREATE FUNCTION noisy_cmp(a text, b text) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RAISE NOTICE 'compare % %: % records', a, b, (SELECT count(*) FROM idempotency_records);
+    RETURN bttextcmp(a, b);
+END $$;
+CREATE OPERATOR CLASS noisy_ops FOR TYPE text USING btree AS
+    OPERATOR 1 <, OPERATOR 2 <=, OPERATOR 3 =, OPERATOR 4 >=, OPERATOR 5 >,
+    FUNCTION 1 noisy_cmp(text, text);
+CREATE TABLE noisy (k text, n int);
+CREATE UNIQUE INDEX noisy_k ON noisy (k noisy_ops);
+
+-- A case-insensitive nondeterministic collation, for the key column
+-- (altered_table, collation_case) and for an index of its own.
+CREATE COLLATION alt_ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+-- what a volatile column default draws from (altered_table)
+CREATE SEQUENCE alt_seq;
+
+-- Undo whatever a case did to idempotency_records (harness.ALTERATIONS) or
+-- another session did to it (a CREATE INDEX or CREATE TRIGGER that was
+-- granted its lock, a REVOKE): the table is again exactly as the extension
+-- made it, so the next case holds claims again.  Each step only when needed:
+-- an ALTER TABLE invalidates the table's cached shape in every session.
+CREATE FUNCTION restore_records_table() RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+    tbl regclass := 'idempotency_records'::regclass;
+BEGIN
+    IF EXISTS (SELECT FROM idem_tenant_isolation) THEN
+        PERFORM idem_set_tenant_isolation(false);
+    END IF;
+    FOR r IN SELECT index_name FROM idem_extra_indexes LOOP
+        PERFORM idem_drop_index(r.index_name);
+    END LOOP;
+    FOR r IN SELECT polname FROM pg_policy WHERE polrelid = tbl LOOP
+        EXECUTE format('DROP POLICY %I ON idempotency_records', r.polname);
+    END LOOP;
+    IF (SELECT relrowsecurity OR relforcerowsecurity FROM pg_class WHERE oid = tbl) THEN
+        ALTER TABLE idempotency_records DISABLE ROW LEVEL SECURITY, NO FORCE ROW LEVEL SECURITY;
+    END IF;
+    FOR r IN SELECT tgname FROM pg_trigger WHERE tgrelid = tbl AND NOT tgisinternal
+               AND (tgname LIKE 'alt\_%' OR tgname LIKE 'peer\_%') LOOP
+        EXECUTE format('DROP TRIGGER %I ON idempotency_records', r.tgname);
+    END LOOP;
+    FOR r IN SELECT rulename FROM pg_rewrite WHERE ev_class = tbl LOOP
+        EXECUTE format('DROP RULE %I ON idempotency_records', r.rulename);
+    END LOOP;
+    DROP TABLE IF EXISTS alt_child;
+    FOR r IN SELECT conname FROM pg_constraint WHERE conrelid = tbl AND conname LIKE 'alt\_%' LOOP
+        EXECUTE format('ALTER TABLE idempotency_records DROP CONSTRAINT %I', r.conname);
+    END LOOP;
+    FOR r IN SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+               WHERE i.indrelid = tbl AND (c.relname LIKE 'alt\_%' OR c.relname LIKE 'peer\_%') LOOP
+        EXECUTE format('DROP INDEX %I', r.relname);
+    END LOOP;
+    FOR r IN SELECT attname, attnotnull, atthasdef, attcollation FROM pg_attribute
+               WHERE attrelid = tbl AND attnum > 0 AND NOT attisdropped LOOP
+        IF r.attname LIKE 'alt\_%' THEN
+            EXECUTE format('ALTER TABLE idempotency_records DROP COLUMN %I', r.attname);
+            CONTINUE;
+        END IF;
+        IF r.atthasdef THEN
+            EXECUTE format('ALTER TABLE idempotency_records ALTER COLUMN %I DROP DEFAULT', r.attname);
+        END IF;
+        IF NOT r.attnotnull AND r.attname IN ('token', 'expires_at', 'created_at', 'updated_at', 'ttl',
+                                               'tenant_id', 'key', 'status') THEN
+            EXECUTE format('DELETE FROM idempotency_records WHERE %I IS NULL', r.attname);
+            EXECUTE format('ALTER TABLE idempotency_records ALTER COLUMN %I SET NOT NULL', r.attname);
+        END IF;
+        IF r.attname IN ('tenant_id', 'key') AND r.attcollation <> 'pg_catalog."C"'::regcollation THEN
+            -- rec_view names the column: made again around the change
+            DROP VIEW rec_view;
+            EXECUTE format('ALTER TABLE idempotency_records ALTER COLUMN %I TYPE text COLLATE "C"', r.attname);
+            CREATE VIEW rec_view AS SELECT tenant_id, key, status, token FROM idempotency_records;
+            GRANT SELECT ON rec_view TO diff_app, diff_noinsert;
+        END IF;
+    END LOOP;
+    -- the grants schema.sql gives at the end of this file
+    IF NOT (has_table_privilege('diff_app', tbl, 'SELECT') AND has_table_privilege('diff_app', tbl, 'INSERT')
+            AND has_table_privilege('diff_app', tbl, 'UPDATE') AND has_table_privilege('diff_app', tbl, 'DELETE')) THEN
+        GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO diff_app;
+    END IF;
+    IF has_table_privilege('diff_noinsert', tbl, 'INSERT') OR NOT (has_table_privilege('diff_noinsert', tbl, 'SELECT')
+            AND has_table_privilege('diff_noinsert', tbl, 'UPDATE')
+            AND has_table_privilege('diff_noinsert', tbl, 'DELETE')) THEN
+        REVOKE INSERT ON idempotency_records FROM diff_noinsert;
+        GRANT SELECT, UPDATE, DELETE ON idempotency_records TO diff_noinsert;
+    END IF;
+END $$;
+
+-- PostgreSQL reads the catalog changes other sessions committed (a REVOKE)
+-- only when it takes a lock it does not hold yet, or when signalled to catch
+-- up, which depends on timing.  privileges_midway selects from a table of
+-- these that its transaction has not touched yet right after each change, so
+-- both sides see the change from the same statement on.
+CREATE TABLE sync_1 (); CREATE TABLE sync_2 (); CREATE TABLE sync_3 (); CREATE TABLE sync_4 ();
+GRANT SELECT ON sync_1, sync_2, sync_3, sync_4 TO diff_app, diff_noinsert;
+GRANT SELECT, INSERT, UPDATE, DELETE ON refs, noisy TO diff_app, diff_noinsert;
+GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO diff_app, diff_noinsert;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO diff_app, diff_noinsert;
+REVOKE EXECUTE ON FUNCTION restore_records_table() FROM PUBLIC, diff_app, diff_noinsert;

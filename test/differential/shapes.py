@@ -7,7 +7,7 @@ taken from that side's own earlier results (a claim step stores its token
 under the key it claimed).
 """
 
-from harness import Step
+from harness import REC_TRIGGERS, Step
 
 # PostgreSQL renamed force_parallel_mode to debug_parallel_query in 16: the
 # one place that knows.
@@ -1021,6 +1021,341 @@ def shape_hidden_readers(g):
     g.read_records()
 
 
+# ---------------------------------------------------------------------------
+# issue 19: what another session does while a claim is held, privileges
+# changed midway, a table that is not as the extension made it, domain
+# checks run inside record-input built-ins and operator-class support
+# functions, a nondeterministic collation on key
+
+def peer_step(g, sql, **kw):
+    g.steps.append(Step(sql, peer=True, **kw))
+
+
+# What the other session tries while the first may hold claims (its
+# lock_timeout is short): the table lock a written claim holds must make each
+# of these wait, and fail, exactly as it does for a held claim.
+PEER_DDL = [
+    ('txn', 'LOCK idempotency_records IN SHARE MODE NOWAIT'),
+    ('txn', 'LOCK idempotency_records IN SHARE ROW EXCLUSIVE MODE NOWAIT'),
+    ('txn', 'LOCK idempotency_records IN ROW EXCLUSIVE MODE NOWAIT'),
+    ('txn', 'LOCK idempotency_records IN ACCESS EXCLUSIVE MODE'),
+    ('txn', 'LOCK idempotency_records IN SHARE MODE'),
+    ('any', 'CREATE INDEX peer_idx ON idempotency_records (created_at)'),
+    ('any', 'CREATE UNIQUE INDEX peer_unique ON idempotency_records (tenant_id, fingerprint)'),
+    ('any', 'CREATE INDEX peer_expr ON idempotency_records (lower(key))'),
+    ('any', 'CREATE TRIGGER peer_trg AFTER INSERT OR UPDATE ON idempotency_records '
+            'FOR EACH ROW EXECUTE FUNCTION rec_deferred()'),
+    ('any', 'CREATE TRIGGER peer_trg_notify AFTER INSERT OR UPDATE OR DELETE ON idempotency_records '
+            'FOR EACH ROW EXECUTE FUNCTION rec_notify()'),
+    ('any', "SELECT idem_create_index(ARRAY['created_at'], 'peer_extra_idx')"),
+    ('any', 'ALTER TABLE idempotency_records ADD COLUMN alt_peer_col int'),
+    ('any', 'TRUNCATE idempotency_records'),
+    ('txn', 'SELECT key, status FROM idempotency_records WHERE tenant_id = {T} ORDER BY key FOR SHARE NOWAIT'),
+]
+
+
+def shape_other_session_ddl(g):
+    """Between claim and complete, a second session takes table locks and
+    runs DDL on the records (LOCK ... NOWAIT, CREATE INDEX, CREATE TRIGGER,
+    idem_create_index(), ALTER TABLE, TRUNCATE) under a short lock_timeout:
+    whether it got its lock or timed out (55P03), what a granted trigger
+    then sees, and the holder's own fate must be the same on both sides.
+    Sometimes the second session holds SHARE first and the claim waits."""
+    g.rows = rows_small(g)
+    T = q(g.t)
+    g.triggers = ['restore']        # undo a CREATE INDEX/TRIGGER that was granted
+    keys = [g.key() for _ in range(g.r.randint(1, 4))]
+    g.prior(g.r.sample(keys, g.r.randint(0, min(2, len(keys)))))
+    peer_step(g, "SET lock_timeout = '%dms'" % g.r.choice([20, 40]))
+    first = g.chance(0.15)
+    if first:
+        peer_step(g, 'BEGIN')
+        peer_step(g, 'LOCK idempotency_records IN SHARE MODE')
+        g.add("SET lock_timeout = '40ms'")
+    autocommit = g.chance(0.15)
+    if not autocommit:
+        g.begin()
+
+    def peer_ddl(choices=PEER_DDL):
+        how, sql = g.r.choice(choices)
+        sql = sql.replace('{T}', T)
+        if how == 'txn' or g.chance(0.3):
+            peer_step(g, 'BEGIN')
+            peer_step(g, sql)
+            peer_step(g, g.r.choice(['COMMIT', 'ROLLBACK']))
+        else:
+            peer_step(g, sql)
+
+    if not first and g.chance(0.4):
+        # only read so far (AccessShareLock): DDL that takes a lock compatible
+        # with it is granted, then the claims must see what it made (a
+        # trigger fires, a unique index refuses, an index is filled)
+        g.lookup(g.r.choice(keys))
+        peer_ddl([d for d in PEER_DDL if d[1].startswith(('CREATE', 'SELECT idem_create_index'))])
+    for k in keys:
+        if g.chance(0.85):
+            g.claim(k)
+        if g.chance(0.3):
+            g.biz_write()
+        if g.chance(0.3):
+            g.settle_any(k)
+    if first:
+        peer_step(g, 'COMMIT')
+    for _ in range(g.r.randint(1, 3)):
+        peer_ddl()
+        if g.chance(0.5):
+            g.ops(keys, g.r.randint(1, 3))
+    for k in g.r.sample(keys, g.r.randint(0, len(keys))):
+        g.settle_any(k)
+    if not autocommit:
+        g.end()
+    peer_step(g, "SELECT tgname FROM pg_trigger WHERE tgrelid = 'idempotency_records'::regclass "
+                 "AND NOT tgisinternal ORDER BY 1")
+    peer_step(g, "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+                 "WHERE i.indrelid = 'idempotency_records'::regclass ORDER BY 1")
+    g.read_records()
+
+
+PRIVILEGE_CHANGES = [
+    'REVOKE INSERT ON idempotency_records FROM {R}',
+    'REVOKE UPDATE ON idempotency_records FROM {R}',
+    'REVOKE DELETE ON idempotency_records FROM {R}',
+    'REVOKE SELECT ON idempotency_records FROM {R}',
+    'REVOKE INSERT, UPDATE, DELETE ON idempotency_records FROM {R}',
+    'GRANT INSERT ON idempotency_records TO {R}',
+    'GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO {R}',
+]
+
+
+def shape_privileges_midway(g):
+    """As a non-owner role, a second session REVOKEs INSERT/UPDATE/DELETE
+    /SELECT on the records (or GRANTs them back, or GRANTs INSERT to the role
+    that had none) between claim and settle: every call's outcome or
+    SQLSTATE, and COMMIT's, must be the same on both sides."""
+    g.rows = rows_small(g)
+    g.triggers = ['restore']        # the grants schema.sql gives, again
+    role = g.r.choice(['diff_app', 'diff_app', 'diff_app', 'diff_noinsert'])
+    keys = [g.key() for _ in range(g.r.randint(1, 4))]
+    g.prior(g.r.sample(keys, g.r.randint(0, min(2, len(keys)))))
+    g.add('SET ROLE %s' % role)
+    g.begin()
+    for k in keys:
+        if g.chance(0.85):
+            g.claim(k)
+        if g.chance(0.25):
+            g.biz_write()
+    sync = 0
+
+    def change(sql):
+        # then a lock this transaction does not hold yet: both sides read the
+        # change here (schema.sql, sync_N)
+        nonlocal sync
+        sync += 1
+        peer_step(g, sql)
+        g.add('SELECT count(*) FROM sync_%d' % sync)
+
+    for _ in range(g.r.randint(1, 3)):
+        change(g.r.choice(PRIVILEGE_CHANGES).replace('{R}', role))
+        g.ops(keys, g.r.randint(1, 4))
+    if g.chance(0.3):
+        change('GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO %s' % role)
+    for k in g.r.sample(keys, g.r.randint(0, len(keys))):
+        g.settle_any(k)
+    g.end()
+    g.add('RESET ROLE')
+    g.read_records()
+
+
+# the alterations altered_table picks from (harness.ALTERATIONS, and the
+# row-count trigger of harness.REC_TRIGGERS), with the keys that make each
+# one matter
+ALTERED = ['alt_check', 'alt_unique', 'alt_unique_lower', 'alt_column_count', 'alt_column_seq',
+           'alt_default', 'alt_rls', 'alt_tenant_isolation', 'alt_collation', 'alt_index_collation',
+           'alt_partial', 'alt_notnull_status', 'alt_notnull_token', 'alt_rule', 'alt_child', 'count']
+
+
+def shape_altered_table(g):
+    """The table altered before the transaction (a CHECK constraint, an extra
+    unique index, a column with a volatile default, a default, a trigger, a
+    rule, row-level security with a policy or the extension's tenant
+    isolation, a nondeterministic collation on key, an index with a
+    collation of its own, a partial index, NOT NULL dropped with a NULL in
+    the column, a child table), by this session or by another one: then
+    claims, settles and reads.  Claims are written at once on both sides,
+    and whatever was added acts the same way."""
+    g.rows = rows_small(g)
+    T = q(g.t)
+    alt = g.r.choice(ALTERED)
+    by_peer = alt != 'count' and g.chance(0.3)
+    if by_peer:
+        g.triggers = ['restore']
+        peer_step(g, REC_TRIGGERS[alt])
+    else:
+        g.triggers = [alt]
+    g.note = 'table altered: %s%s' % (alt, ' by the other session' if by_peer else '')
+    keys = [g.key() for _ in range(g.r.randint(1, 4))]
+    special = {'alt_check': ['bad1'], 'alt_rls': ['hidden1', 'deny1'], 'alt_unique_lower': ['K1', 'k1'],
+               'alt_collation': ['K1', 'k1'], 'alt_index_collation': ['K1']}.get(alt, [])
+    keys += special
+    if alt in ('alt_notnull_status', 'alt_notnull_token'):
+        col = 'status' if alt == 'alt_notnull_status' else 'token'
+        vals = {'status': "NULL, 1", 'token': "'completed', NULL"}[col]
+        g.add("INSERT INTO idempotency_records (tenant_id, key, status, token, expires_at, lease_expires_at, "
+              "created_at, updated_at, ttl) VALUES (%s, 'nul1', %s, now() + interval '1 h', NULL, now(), now(), "
+              "interval '1 h')" % (T, vals))
+        keys.append('nul1')
+    g.prior(g.r.sample([k for k in keys if k != 'nul1'], g.r.randint(0, min(2, len(keys) - 1))))
+    if alt in ('alt_rls', 'alt_tenant_isolation') or g.chance(0.25):
+        g.add('SET ROLE diff_app')
+    if alt == 'alt_tenant_isolation' and g.chance(0.8):
+        g.add('SET app.tenant = %s' % T)
+
+    def claim_fp(k):
+        if alt == 'alt_unique' and g.chance(0.7):
+            fp = g.r.choice(['fa', 'fb'])
+            if k not in g.claimed:
+                g.claimed.append(k)
+            g.add("SELECT outcome, token, response FROM idem_claim(%s, %s, fingerprint => %s)"
+                  % (T, q(k), q(fp)), cap=k)
+        else:
+            g.claim(k)
+
+    for _ in range(g.r.randint(1, 2)):
+        autocommit = g.chance(0.15)
+        if not autocommit:
+            g.begin()
+        for k in g.r.sample(keys, g.r.randint(1, len(keys))):
+            claim_fp(k)
+            if g.chance(0.3):
+                g.biz_write()
+            r = g.r.random()
+            if r < 0.15 and alt == 'alt_check':
+                g.complete(k, '{"reject": 1}')
+            elif r < 0.6:
+                g.settle_any(k)
+        if g.chance(0.4):
+            g.ops(keys, g.r.randint(1, 3))
+        if g.chance(0.3):
+            g.add("SELECT key, status, token FROM idempotency_records WHERE tenant_id = %s "
+                  "ORDER BY key COLLATE \"C\"" % T)
+        if not autocommit:
+            g.end()
+    if alt in ('alt_column_count', 'alt_column_seq'):
+        g.add('SELECT key, %s FROM idempotency_records WHERE tenant_id = %s ORDER BY key'
+              % ('alt_seen' if alt == 'alt_column_count' else 'alt_n', T))
+    g.add('RESET ROLE')
+    g.add("SELECT key, status, token, response FROM idempotency_records WHERE tenant_id = %s "
+          "ORDER BY key COLLATE \"C\"" % T)
+
+
+RECORD_INPUTS = [
+    "SELECT (jsonb_populate_record(NULL::rec_ref, jsonb_build_object('k', {K}))).k",
+    "SELECT * FROM json_populate_recordset(NULL::rec_ref, json_build_array(json_build_object('k', {K}), "
+    "json_build_object('k', {K2})))",
+    "SELECT * FROM jsonb_populate_recordset(NULL::noisy_ref, jsonb_build_array(jsonb_build_object('k', {K}, "
+    "'n', 1)))",
+    "SELECT * FROM jsonb_to_record(jsonb_build_object('k', {K})) AS r(k recorded_key)",
+    "SELECT * FROM json_to_recordset(json_build_array(json_build_object('k', {K}, 'n', 2))) AS r(k noisy_key, n int)",
+    "SELECT ('(' || {K} || ')')::text::rec_ref",
+    "SELECT {KROW}::text::rec_ref",         # a constant: the planner may fold the cast
+    "SELECT ('(' || {K} || ',3)')::text::noisy_ref",
+    "SELECT {K}::recorded_key",
+    "SELECT {K}::text::noisy_key",
+    "INSERT INTO refs (id, k) SELECT {N}, (jsonb_populate_record(NULL::rec_ref, jsonb_build_object('k', {K}))).k "
+    "RETURNING id, k",
+    "INSERT INTO refs (id, nk) VALUES ({N}, {K}) RETURNING id, nk",
+    "INSERT INTO noisy VALUES ({K}, {N}) RETURNING k, n",
+    "INSERT INTO noisy SELECT {K} || g, g FROM generate_series(1, 3) g RETURNING k",
+    "SELECT k, n FROM noisy WHERE k >= {K} ORDER BY k",
+]
+
+
+def shape_record_input(g):
+    """Held claims, then domain checks that read the records run inside
+    record-input built-ins (jsonb_populate_record, json_populate_recordset,
+    jsonb_to_record ... AS r(k recorded_key), '(k1)'::text::rec_ref), domain
+    casts, and a btree operator class whose PL/pgSQL support function reads
+    the records and says so (RAISE NOTICE) while a business INSERT's unique
+    index compares keys."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(1, 4))]
+    g.prior(g.r.sample(keys, g.r.randint(0, min(2, len(keys)))))
+    if g.chance(0.7):
+        g.add("INSERT INTO noisy VALUES ('k1', 1), ('k3', 3)")
+    autocommit = g.chance(0.15)
+    if not autocommit:
+        g.begin()
+    for k in keys:
+        if g.chance(0.85):
+            g.claim(k)
+        if g.chance(0.2):
+            g.settle_any(k)
+    n = 0
+    for _ in range(g.r.randint(1, 4)):
+        n += 1
+        sql = g.r.choice(RECORD_INPUTS)
+        sql = sql.replace('{K2}', q(g.r.choice(keys + ['nokey']))).replace(
+            '{KROW}', q('(%s)' % g.r.choice(keys + ['nokey']))).replace(
+            '{K}', q(g.r.choice(keys + ['nokey']))).replace('{N}', str(n))
+        g.add(sql)
+        if g.chance(0.3):
+            g.ops(keys, 1)
+    for k in g.r.sample(keys, g.r.randint(0, len(keys))):
+        g.settle_any(k)
+    if not autocommit:
+        g.end()
+    g.add('SELECT id, k, nk FROM refs ORDER BY id')
+    g.read_records()
+
+
+def shape_collation_case(g):
+    """key under a case-insensitive nondeterministic collation: claims of
+    keys that differ only in case (or in ß/ss) meet each other, settles and
+    lookups with the other spelling, claim_many of both, a second session
+    claiming the other spelling."""
+    g.rows = rows_small(g)
+    T = q(g.t)
+    base = g.r.choice(['order-a', 'Key-X', 'strasse'])
+    spellings = {'order-a': ['order-a', 'ORDER-A', 'Order-A'], 'Key-X': ['Key-X', 'key-x', 'KEY-X'],
+                 'strasse': ['strasse', 'STRASSE', 'stra\u00dfe']}[base]
+    by_peer = g.chance(0.25)
+    if by_peer:
+        g.triggers = ['restore']
+        peer_step(g, REC_TRIGGERS['alt_collation'])
+    else:
+        g.triggers = ['alt_collation']
+    g.note = 'key COLLATE alt_ci%s' % (' (by the other session)' if by_peer else '')
+    if g.chance(0.3):
+        g.prior([g.r.choice(spellings)])
+    g.begin()
+    for _ in range(g.r.randint(2, 6)):
+        a, b = g.r.choice(spellings), g.r.choice(spellings)
+        r = g.r.random()
+        if r < 0.35:
+            g.claim(a)
+        elif r < 0.5 and a in g.claimed:
+            g.add("SELECT idem_complete(%s, %s, {tok:%s}, '{\"by\": %d}')" % (T, q(b), a, len(g.steps)))
+        elif r < 0.55 and a in g.claimed:
+            g.add('SELECT idem_release(%s, %s, {tok:%s})' % (T, q(b), a))
+        elif r < 0.65:
+            g.lookup(b)
+        elif r < 0.75:
+            g.claim_many([a, b])
+        elif r < 0.8:
+            g.forget(b)
+        elif r < 0.9:
+            g.add('SELECT key, status FROM idempotency_records WHERE tenant_id = %s AND key = %s' % (T, q(b)))
+        else:
+            peer_step(g, "SET lock_timeout = '30ms'")
+            peer_step(g, 'SELECT outcome, token FROM idem_claim(%s, %s)' % (T, q(b)))
+    g.end()
+    for s_ in spellings:
+        if g.chance(0.5):
+            g.claim(s_)
+    g.add("SELECT key, status, token FROM idempotency_records WHERE tenant_id = %s ORDER BY key COLLATE \"C\""
+          % T)
+
+
 SHAPES = [
     ('where_insert_select', shape_where_insert_select, 6),
     ('where_update_delete', shape_where_update_delete, 3),
@@ -1052,4 +1387,9 @@ SHAPES = [
     ('two_sessions', shape_two_sessions, 4),
     ('table_direct', shape_table_direct, 4),
     ('hidden_readers', shape_hidden_readers, 4),
+    ('other_session_ddl', shape_other_session_ddl, 4),
+    ('privileges_midway', shape_privileges_midway, 3),
+    ('altered_table', shape_altered_table, 6),
+    ('record_input', shape_record_input, 4),
+    ('collation_case', shape_collation_case, 3),
 ]
