@@ -16,8 +16,10 @@ instead).  Every answer is checked as it comes:
 
 At the end: every key has exactly one effect row and a completed record
 whose response names that row's token; none is left processing; a monitor
-sampling pg_locks never saw more key locks than the batches may take at
-once plus the single claims' own.  Prints CHECK lines like soak.py.
+sampling pg_locks never saw more key locks than a session may hold at once:
+100 during a batch's INSERT, then one per key it completes (its whole batch,
+at most MAX_BATCH, until COMMIT: a fenced write keeps the key's lock), or
+its single claims' own (docs/capacity.md).  Prints CHECK lines like soak.py.
 """
 import argparse
 import json
@@ -214,7 +216,7 @@ def main():
                 '%d mismatched, %d processing' % (mismatched, processing))
     ok &= check(c['in_progress'] > 0 and c['batches'] > 0 and c['singles'] > 0,
                 'batches and single claims met on the same keys', 'in_progress %d' % c['in_progress'])
-    limit = args.sessions * max(LOCKED_AT_ONCE, SINGLES_PER_TX)
+    limit = args.sessions * max(LOCKED_AT_ONCE, MAX_BATCH, SINGLES_PER_TX)
     ok &= check(run.max_key_locks <= limit, 'key locks held at once stay within %d' % limit,
                 'at most %d seen' % run.max_key_locks)
     return 0 if ok else 1
