@@ -21,8 +21,8 @@
  *
  * COMMIT and PREPARE TRANSACTION write held claims in their final form
  * within their statement, so statement_timeout and lock_timeout apply;
- * a transaction that ends otherwise (an implicit block, a procedure's
- * COMMIT) writes them at pre-commit.
+ * a transaction that ends otherwise (an implicit block of several
+ * statements sent as one string) writes them at pre-commit.
  *
  * Zero footprint: in a backend holding no claim, each hook is one test of
  * a flag and a call of the next hook.  No statement is classified and
