@@ -214,20 +214,6 @@ idem_held_find(const IdemKey *k)
 	return NULL;
 }
 
-/* The owner of table, who writes held claims. */
-static Oid
-table_owner(Oid table)
-{
-	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(table));
-	Oid			owner;
-
-	if (!HeapTupleIsValid(tup))
-		elog(ERROR, "cache lookup failed for relation %u", table);
-	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
-	ReleaseSysCache(tup);
-	return owner;
-}
-
 /*
  * The locks and the transaction ID the INSERT of a processing row would
  * take: the table's and its indexes' RowExclusiveLock, as the executor
@@ -318,7 +304,7 @@ idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
 
 	p->schema = idem_store_schema();
 	p->table = table;
-	p->owner = table_owner(table);
+	p->owner = idem_table_owner(table);
 	p->token = token;
 	p->created_at = now;
 	p->lease_expires_at = lease_expires_at;

@@ -195,6 +195,7 @@ extern bool idem_store_forget(const IdemKey *k);
 extern Oid	idem_check_table_shape(Oid table);
 extern bool idem_table_has_checkpoints(Oid table);
 extern bool idem_table_is_as_made(Oid table);
+extern Oid	idem_table_owner(Oid table);
 extern void idem_check_result_shape(Oid table, TupleDesc desc,
 									const Oid *types, int n);
 

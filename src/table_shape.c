@@ -328,3 +328,17 @@ idem_table_is_as_made(Oid table)
 	relation_close(rel, AccessShareLock);
 	return as_made && OidIsValid(key_index) && only_key_constraint(table);
 }
+
+/* The owner of table: who writes held claims, and as whom the sweeper works. */
+Oid
+idem_table_owner(Oid table)
+{
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(table));
+	Oid			owner;
+
+	if (!HeapTupleIsValid(tup))
+		elog(ERROR, "cache lookup failed for relation %u", table);
+	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
+	ReleaseSysCache(tup);
+	return owner;
+}

@@ -379,19 +379,6 @@ extension_schema(void)
 	return nsp;
 }
 
-static Oid
-table_owner(Oid relid)
-{
-	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
-	Oid			owner;
-
-	if (!HeapTupleIsValid(tup))
-		elog(ERROR, "cache lookup failed for relation %u", relid);
-	owner = ((Form_pg_class) GETSTRUCT(tup))->relowner;
-	ReleaseSysCache(tup);
-	return owner;
-}
-
 /*
  * Is a command waiting to get this database to itself?  DROP DATABASE and
  * ALTER DATABASE hold AccessExclusiveLock on it, CREATE DATABASE ...
@@ -509,7 +496,7 @@ sweep_one_batch(RangeVar *shard, IdemSweepCursor *cursor,
 	idem_store_begin_in_schema(nsp);
 
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(table_owner(idem_store_table()),
+	SetUserIdAndSecContext(idem_table_owner(idem_store_table()),
 						   save_sec_context | SECURITY_RESTRICTED_OPERATION);
 	save_nestlevel = NewGUCNestLevel();
 
