@@ -146,12 +146,10 @@ extern void idem_store_end(void);
 extern Oid	idem_store_table(void);
 extern Oid	idem_store_schema(void);
 extern Oid	idem_store_token_sequence(void);
-extern bool idem_store_is_table(Oid relid);
 extern bool idem_store_table_as_made(void);
 extern void idem_store_stamp_writes(CommandId cid);
 extern PGDLLIMPORT bool idem_store_statement_starting;
 extern void idem_store_statement_started(QueryDesc *queryDesc);
-extern bool idem_citus_preloaded(void);
 
 extern bool idem_store_read(const IdemKey *k, IdemRecord *rec,
 							bool fresh_snapshot);

@@ -444,12 +444,6 @@ idem_store_stamp_writes(CommandId cid)
 	stamp_cid = cid;
 }
 
-bool
-idem_citus_preloaded(void)
-{
-	return citus_preloaded;
-}
-
 /*
  * Install the planner hook.  Called from _PG_init.
  */
@@ -605,13 +599,6 @@ Oid
 idem_store_token_sequence(void)
 {
 	return get_relname_relid("idempotency_tokens", cached_schema);
-}
-
-/* Is relid the records table this backend works with? */
-bool
-idem_store_is_table(Oid relid)
-{
-	return OidIsValid(relid) && relid == cached_table;
 }
 
 /*
