@@ -723,15 +723,20 @@ shard_plan(IdemQuery q)
 	{
 		StringInfoData sql;
 		char	   *qualified;
+		char	   *text;
 
 		qualified = quote_qualified_identifier(get_namespace_name(get_rel_namespace(sweep_shard)),
 											   get_rel_name(sweep_shard));
+
 		initStringInfo(&sql);
 		appendStringInfo(&sql, statements[q].text, qualified);
-		shard_plans[q] = SPI_prepare(sql.data, statements[q].nargs, (Oid *) statements[q].argtypes);
+		text = expand_checkpoint_parts(sql.data);
+		shard_plans[q] = SPI_prepare(text, statements[q].nargs, (Oid *) statements[q].argtypes);
 		if (shard_plans[q] == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 sql.data, SPI_result_code_string(SPI_result));
+				 text, SPI_result_code_string(SPI_result));
+		pfree(text);
+		pfree(sql.data);
 	}
 	return shard_plans[q];
 }
