@@ -21,11 +21,12 @@ bursts of concurrent duplicates, the way a broker redelivers messages:
     checkpoint must be refused); the key is then redelivered the way a broker
     does (after the lease, or at once after a release) and the next holder
     must resume after the last committed point.  The sweeper gets every
-    chance to remove a checkpointed record: each multi-step delivery calls
-    idem_sweep() (in a transaction of its own) before its claim, after each
-    phase it commits and right after each fault (death, rollback, release,
-    stall), on top of the sweeper worker; a redelivery comes after the dead
-    holder's lease, so the sweep before its claim finds the lease over.
+    chance to remove a checkpointed record: on top of the sweeper worker,
+    the sessions call idem_sweep() (each time in a transaction of its own)
+    right after each fault (death, rollback, release, stall), after each
+    phase a holder commits, and before each claim of a redelivery or of a
+    key a holder failed on -- such a claim comes after the failed holder's
+    lease, so that sweep finds the checkpointed record with its lease over.
     Since 1.2 such a record is kept for its retention (the claim's --ttl,
     1 hour by default, far longer than the run), so no holder may restart
     from an earlier phase.  Deletions are read from a logical replication
@@ -423,6 +424,8 @@ class Session(threading.Thread):
         """idem_sweep() in a transaction of its own, on behalf of a multi-step
         key (before a claim, between phases, after a fault): the sweeper gets
         every chance to remove a checkpointed record whose lease is over."""
+        if why == "fault":
+            self.driver.faulted.add((base["tn"], base["k"]))
         ev = dict(base, e="sweep", why=why, s=self.sid, t0=time.time())
         try:
             cur = self.conn.cursor()
@@ -531,9 +534,11 @@ class Session(threading.Thread):
         in soak.steps and its checkpoint (the last one: idem_complete).  A
         fault between phases ends the holder; the key is redelivered."""
         lease_s = self.args.lease_ms / 1000.0
-        # a redelivery comes after the last holder's lease: this sweep finds
-        # its checkpointed record with the lease over
-        self.forced_sweep(base, "claim")
+        if base["a"] > 0 or (base["tn"], base["k"]) in self.driver.faulted:
+            # a redelivery, or a delivery of a key whose holder failed: it
+            # comes after the last holder's lease, so this sweep finds a
+            # checkpointed record with the lease over
+            self.forced_sweep(base, "claim")
         row = self.claim(base, "%d milliseconds" % self.args.lease_ms, None, resume=True)
         if row is None:
             self.end("rollback")
@@ -629,6 +634,7 @@ class Driver:
         self.args = args
         self.plan = Plan(args)
         self.queue = DeliveryQueue(self.plan.order)
+        self.faulted = set()    # multi-step keys a holder failed on: their claims sweep first
         path = args.history
         if path is None:
             fd, path = tempfile.mkstemp(prefix="idem-soak-", suffix=".jsonl")
