@@ -450,7 +450,7 @@ def main():
     ap.add_argument("--mode", default="remote_apply", choices=["remote_apply", "on", "remote_write", "async"])
     ap.add_argument("--port-base", type=int, required=True)
     ap.add_argument("--dir", required=True)
-    ap.add_argument("--keys", type=int, default=500)
+    ap.add_argument("--keys", type=int, default=1500)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--min-faults", type=int, default=2000)
