@@ -24,6 +24,7 @@
 #include "nodes/makefuncs.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/regproc.h"
 #include "utils/rel.h"
@@ -31,6 +32,8 @@
 
 #include "compat.h"
 #include "idempotency.h"
+
+PG_FUNCTION_INFO_V1(idem_current_tenant);
 
 /* pg_dist_partition.logicalrelid, its first column */
 #define DIST_PARTITION_LOGICALRELID	1
@@ -235,4 +238,39 @@ idem_citus_refuse_crashing_call(Query *parse)
 				 errdetail("Citus cannot plan a distributed function called there."),
 				 errhint("Call it directly, as in SELECT ... FROM %s(...), or in the select list of the subquery.",
 						 get_func_name(fn_oid))));
+}
+
+/*
+ * idem_current_tenant(setting text) RETURNS text
+ *
+ * The tenant that tenant isolation confines this session to: the value of
+ * the custom setting named.  The policy of a distributed idempotency_records
+ * (idem_apply_tenant_isolation) calls it instead of current_setting().  A
+ * call runs on the node that holds the tenant's shard, in a session Citus
+ * opened there; a plain SET or set_config() of the client's session never
+ * reaches it, and current_setting() would answer NULL: the tenant's own
+ * claim would end in a row-level security violation and its reads would
+ * come back empty, which looks like data loss.  So an unset (or reset,
+ * empty) setting is an error saying which ways of naming the tenant do
+ * reach that node.  On a single server the policy keeps current_setting(),
+ * where a session without a tenant simply sees nothing.
+ */
+Datum
+idem_current_tenant(PG_FUNCTION_ARGS)
+{
+	char	   *setting = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	const char *value = GetConfigOption(setting, true, false);
+
+	if (value == NULL || value[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("tenant isolation is on, but \"%s\" is not set in this session on this node",
+						setting),
+				 errdetail("On a Citus cluster a call runs on the node that holds the tenant's shard, "
+						   "which sees neither a plain SET nor set_config() of the client's session."),
+				 errhint("Name the tenant with SET LOCAL %s = '...' in the transaction block, "
+						 "with citus.propagate_set_commands = 'local', or give each tenant's role "
+						 "its tenant with ALTER ROLE ... SET %s.",
+						 setting, setting)));
+	PG_RETURN_TEXT_P(cstring_to_text(value));
 }
