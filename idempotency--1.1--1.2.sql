@@ -203,3 +203,163 @@ BEGIN
     END IF;
 END
 $update$;
+
+-- 2b. A node down.  idem_node_stats() and idem_cluster_stats() raised 08006
+-- for the whole cluster while any node was unreachable; they now answer for
+-- the nodes that are up and name the others: new result columns, which only
+-- DROP and CREATE can add (idem_cluster_stats() reads idem_node_stats(), so
+-- it goes first).  The EXECUTE grants roles had are given back.
+DO $update$
+DECLARE
+    signatures text[] := ARRAY[
+        '@extschema@.idem_node_stats()',
+        '@extschema@.idem_cluster_stats()'];
+    acls       text[] := '{}';
+    g          record;
+BEGIN
+    FOR i IN 1 .. pg_catalog.array_length(signatures, 1) LOOP
+        acls := acls OPERATOR(pg_catalog.||)
+            (SELECT proacl::text FROM pg_catalog.pg_proc
+              WHERE oid OPERATOR(pg_catalog.=) signatures[i]::pg_catalog.regprocedure);
+    END LOOP;
+
+    DROP FUNCTION @extschema@.idem_cluster_stats();
+    DROP FUNCTION @extschema@.idem_node_stats();
+
+    -- idem_stats of this database on every node of the cluster, one row each;
+    -- a node that cannot be reached has its row too, with reachable false, the
+    -- connection error and no counters.
+    CREATE FUNCTION @extschema@.idem_node_stats(
+        OUT nodename           text,
+        OUT nodeport           integer,
+        OUT claims             bigint,
+        OUT claimed            bigint,
+        OUT replays            bigint,
+        OUT in_progress        bigint,
+        OUT mismatches         bigint,
+        OUT failed_replays     bigint,
+        OUT takeovers          bigint,
+        OUT completes          bigint,
+        OUT releases           bigint,
+        OUT heartbeats         bigint,
+        OUT swept_stale        bigint,
+        OUT swept_expired      bigint,
+        OUT last_sweep_at      timestamptz,
+        OUT last_sweep_ms      double precision,
+        OUT last_sweep_removed bigint,
+        OUT last_sweep_error   text,
+        OUT sweeps             bigint,
+        OUT stats_reset        timestamptz,
+        OUT reachable          boolean,
+        OUT error              text)
+    RETURNS SETOF record
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+    AS $node_stats$
+    DECLARE
+        node record;
+        stats_query text;
+    BEGIN
+        SELECT pg_catalog.format(
+                   'SELECT pg_catalog.row_to_json(s) FROM %I.idem_stats_read() s'
+                   ' WHERE s.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()',
+                   n.nspname)
+          INTO stats_query
+          FROM pg_catalog.pg_extension e
+          JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+         WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency';
+        IF pg_catalog.to_regproc('pg_catalog.run_command_on_all_nodes') IS NULL THEN
+            RAISE EXCEPTION 'idem_node_stats() needs the citus extension in this database'
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'On a single server, read the idem_stats view.';
+        END IF;
+        FOR node IN SELECT n.nodename, n.nodeport, r.success, r.result
+                      FROM pg_catalog.run_command_on_all_nodes(stats_query) r
+                      JOIN pg_catalog.pg_dist_node n ON n.nodeid OPERATOR(pg_catalog.=) r.nodeid
+                     ORDER BY n.nodename, n.nodeport
+        LOOP
+            nodename := node.nodename;
+            nodeport := node.nodeport;
+            reachable := node.success;
+            error := CASE WHEN NOT node.success THEN node.result END;
+            -- a node that has not counted anything yet has no row
+            SELECT s.claims, s.claimed, s.replays, s.in_progress, s.mismatches,
+                   s.failed_replays, s.takeovers, s.completes, s.releases, s.heartbeats,
+                   s.swept_stale, s.swept_expired, s.last_sweep_at, s.last_sweep_ms,
+                   s.last_sweep_removed, s.last_sweep_error, s.sweeps, s.stats_reset
+              INTO claims, claimed, replays, in_progress, mismatches,
+                   failed_replays, takeovers, completes, releases, heartbeats,
+                   swept_stale, swept_expired, last_sweep_at, last_sweep_ms,
+                   last_sweep_removed, last_sweep_error, sweeps, stats_reset
+              FROM pg_catalog.json_to_record(CASE WHEN node.success THEN NULLIF(node.result, '') END::pg_catalog.json)
+                   AS s(claims bigint, claimed bigint, replays bigint, in_progress bigint,
+                        mismatches bigint, failed_replays bigint, takeovers bigint,
+                        completes bigint, releases bigint, heartbeats bigint,
+                        swept_stale bigint, swept_expired bigint, last_sweep_at timestamptz,
+                        last_sweep_ms double precision, last_sweep_removed bigint,
+                        last_sweep_error text, sweeps bigint, stats_reset timestamptz);
+            RETURN NEXT;
+        END LOOP;
+    END
+    $node_stats$;
+
+    -- idem_stats summed over the nodes that answered: one row, with the nodes
+    -- that did not.
+    -- in EXECUTE: PL/pgSQL would end the statement at the first semicolon
+    -- of the SQL-standard body
+    EXECUTE $create$
+    CREATE FUNCTION @extschema@.idem_cluster_stats(
+        OUT nodes          integer,
+        OUT claims         bigint,
+        OUT claimed        bigint,
+        OUT replays        bigint,
+        OUT in_progress    bigint,
+        OUT mismatches     bigint,
+        OUT failed_replays bigint,
+        OUT takeovers      bigint,
+        OUT completes      bigint,
+        OUT releases       bigint,
+        OUT heartbeats     bigint,
+        OUT swept_stale    bigint,
+        OUT swept_expired  bigint,
+        OUT sweeps         bigint,
+        OUT last_sweep_at  timestamptz,
+        OUT unreachable_nodes text[])
+    LANGUAGE sql
+    SET search_path = pg_catalog, pg_temp
+    BEGIN ATOMIC
+        SELECT pg_catalog.count(*) FILTER (WHERE s.reachable)::integer,
+               COALESCE(pg_catalog.sum(s.claims), 0)::bigint,
+               COALESCE(pg_catalog.sum(s.claimed), 0)::bigint,
+               COALESCE(pg_catalog.sum(s.replays), 0)::bigint,
+               COALESCE(pg_catalog.sum(s.in_progress), 0)::bigint,
+               COALESCE(pg_catalog.sum(s.mismatches), 0)::bigint,
+               COALESCE(pg_catalog.sum(s.failed_replays), 0)::bigint,
+               COALESCE(pg_catalog.sum(s.takeovers), 0)::bigint,
+               COALESCE(pg_catalog.sum(s.completes), 0)::bigint,
+               COALESCE(pg_catalog.sum(s.releases), 0)::bigint,
+               COALESCE(pg_catalog.sum(s.heartbeats), 0)::bigint,
+               COALESCE(pg_catalog.sum(s.swept_stale), 0)::bigint,
+               COALESCE(pg_catalog.sum(s.swept_expired), 0)::bigint,
+               COALESCE(pg_catalog.sum(s.sweeps), 0)::bigint,
+               pg_catalog.max(s.last_sweep_at),
+               COALESCE(pg_catalog.array_agg(pg_catalog.concat(s.nodename, ':', s.nodeport)
+                                             ORDER BY s.nodename, s.nodeport)
+                            FILTER (WHERE NOT s.reachable), '{}')
+          FROM @extschema@.idem_node_stats() s;
+    END
+    $create$;
+
+    FOR i IN 1 .. pg_catalog.array_length(signatures, 1) LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', signatures[i]);
+        FOR g IN SELECT a.grantee, a.is_grantable
+                   FROM pg_catalog.aclexplode(acls[i]::pg_catalog.aclitem[]) a
+                  WHERE a.grantee OPERATOR(pg_catalog.<>) 0
+        LOOP
+            EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %I%s',
+                signatures[i], pg_catalog.pg_get_userbyid(g.grantee),
+                CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+        END LOOP;
+    END LOOP;
+END
+$update$;
