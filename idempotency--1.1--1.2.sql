@@ -363,3 +363,43 @@ BEGIN
     END LOOP;
 END
 $update$;
+
+-- 2c. Keep the distribution through this update.  A function that an
+-- update re-creates with DROP and CREATE (a changed signature or result)
+-- loses its Citus distribution: calls of it would no longer be delegated.
+-- On the coordinator of a distributed table, idem_distribute() distributes
+-- every tenant function that is not, as it does after CREATE EXTENSION.
+-- Citus distributes a function only where it exists on every worker, and
+-- sends this ALTER EXTENSION to the workers only after the coordinator has
+-- run this script; so the coordinator first updates the workers itself
+-- (each in its own transaction; Citus's own ALTER EXTENSION then finds them
+-- updated and does nothing).  If the update fails on the coordinator after
+-- that, the workers stay at 1.2: running ALTER EXTENSION idempotency UPDATE
+-- again finishes it.  Keep this block last.
+DO $update$
+DECLARE
+    failed record;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition d
+                    WHERE d.logicalrelid OPERATOR(pg_catalog.=)
+                          '@extschema@.idempotency_records'::pg_catalog.regclass)
+       OR (SELECT l.groupid FROM pg_catalog.pg_dist_local_group l) OPERATOR(pg_catalog.<>) 0 THEN
+        RETURN;
+    END IF;
+    FOR failed IN SELECT w.nodename, w.nodeport, w.result
+                    FROM pg_catalog.run_command_on_workers(
+                         'SET citus.enable_ddl_propagation TO off; '
+                         'ALTER EXTENSION idempotency UPDATE TO ''1.2''') w
+                   WHERE NOT w.success
+    LOOP
+        RAISE EXCEPTION 'could not update the idempotency extension on node %:%: %',
+            failed.nodename, failed.nodeport, failed.result
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Install the files of idempotency 1.2 on every node first.';
+    END LOOP;
+    PERFORM @extschema@.idem_distribute();
+END
+$update$;
