@@ -17,11 +17,62 @@
 -- ===========================================================================
 -- Section 2: scale-out you can operate (docs/scale-out.md)
 -- ===========================================================================
--- Nothing here calls Citus while the script runs: CREATE EXTENSION must work
--- without it, and ALTER EXTENSION ... UPDATE runs this script again on every
--- worker.  What depends on Citus is looked up when it is called.
+-- Nothing here calls Citus on a single server or a worker: CREATE EXTENSION
+-- must work without it, and ALTER EXTENSION ... UPDATE runs this script
+-- again on every worker.  On the coordinator of a distributed table, 2a
+-- updates the workers first and distributes the functions again at the end.
 
--- 2a. Tenant isolation on a distributed table.  A call runs on the node
+-- 2a. Keep the distribution through this update.  A function that an
+-- update re-creates with DROP and CREATE (a changed signature or result)
+-- loses its Citus distribution: calls of it would no longer be delegated.
+-- On the coordinator of a distributed table, idem_distribute() at the end
+-- of this script distributes every tenant function that is not, as after
+-- CREATE EXTENSION.  Citus distributes a function, and applies a policy
+-- that calls idem_current_tenant() (2b), only where it exists on every
+-- worker, and sends this ALTER EXTENSION to the workers only after the
+-- coordinator has run this script; so the coordinator first updates the
+-- workers itself, here (each in its own transaction; Citus's own ALTER
+-- EXTENSION then finds them updated and does nothing).  If the update fails
+-- on the coordinator after that, the workers stay at 1.2: running ALTER
+-- EXTENSION idempotency UPDATE again finishes it.
+CREATE FUNCTION @extschema@.idem_update_is_distributed_coordinator()
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RETURN false;
+    END IF;
+    RETURN EXISTS (SELECT FROM pg_catalog.pg_dist_partition d
+                    WHERE d.logicalrelid OPERATOR(pg_catalog.=)
+                          '@extschema@.idempotency_records'::pg_catalog.regclass)
+       AND (SELECT l.groupid FROM pg_catalog.pg_dist_local_group l) OPERATOR(pg_catalog.=) 0;
+END
+$fn$;
+
+DO $update$
+DECLARE
+    failed record;
+BEGIN
+    IF NOT @extschema@.idem_update_is_distributed_coordinator() THEN
+        RETURN;
+    END IF;
+    FOR failed IN SELECT w.nodename, w.nodeport, w.result
+                    FROM pg_catalog.run_command_on_workers(
+                         'SET citus.enable_ddl_propagation TO off; '
+                         'ALTER EXTENSION idempotency UPDATE TO ''1.2''') w
+                   WHERE NOT w.success
+    LOOP
+        RAISE EXCEPTION 'could not update the idempotency extension on node %:%: %',
+            failed.nodename, failed.nodeport, failed.result
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Install the files of idempotency 1.2 on every node first.';
+    END LOOP;
+END
+$update$;
+
+-- 2b. Tenant isolation on a distributed table.  A call runs on the node
 -- that holds the tenant's shard, in a session Citus opened there, which a
 -- plain SET of the client's session never reaches: current_setting() answers
 -- NULL there, the tenant's own claim fails on the policy and its reads come
@@ -177,7 +228,7 @@ BEGIN
     END LOOP;
 
     -- tenant isolation switched on before: its policy now reads the tenant
-    -- the way a distributed call can (2a above)
+    -- the way a distributed call can (2b above)
     UPDATE @extschema@.idem_tenant_isolation SET setting = setting
      WHERE NOT EXISTS (
            SELECT FROM pg_catalog.pg_policy p
@@ -204,7 +255,7 @@ BEGIN
 END
 $update$;
 
--- 2b. A node down.  idem_node_stats() and idem_cluster_stats() raised 08006
+-- 2c. A node down.  idem_node_stats() and idem_cluster_stats() raised 08006
 -- for the whole cluster while any node was unreachable; they now answer for
 -- the nodes that are up and name the others: new result columns, which only
 -- DROP and CREATE can add (idem_cluster_stats() reads idem_node_stats(), so
@@ -364,42 +415,12 @@ BEGIN
 END
 $update$;
 
--- 2c. Keep the distribution through this update.  A function that an
--- update re-creates with DROP and CREATE (a changed signature or result)
--- loses its Citus distribution: calls of it would no longer be delegated.
--- On the coordinator of a distributed table, idem_distribute() distributes
--- every tenant function that is not, as it does after CREATE EXTENSION.
--- Citus distributes a function only where it exists on every worker, and
--- sends this ALTER EXTENSION to the workers only after the coordinator has
--- run this script; so the coordinator first updates the workers itself
--- (each in its own transaction; Citus's own ALTER EXTENSION then finds them
--- updated and does nothing).  If the update fails on the coordinator after
--- that, the workers stay at 1.2: running ALTER EXTENSION idempotency UPDATE
--- again finishes it.  Keep this block last.
+-- 2a, the end: distribute again what this update re-created.  Keep last.
 DO $update$
-DECLARE
-    failed record;
 BEGIN
-    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
-        RETURN;
+    IF @extschema@.idem_update_is_distributed_coordinator() THEN
+        PERFORM @extschema@.idem_distribute();
     END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition d
-                    WHERE d.logicalrelid OPERATOR(pg_catalog.=)
-                          '@extschema@.idempotency_records'::pg_catalog.regclass)
-       OR (SELECT l.groupid FROM pg_catalog.pg_dist_local_group l) OPERATOR(pg_catalog.<>) 0 THEN
-        RETURN;
-    END IF;
-    FOR failed IN SELECT w.nodename, w.nodeport, w.result
-                    FROM pg_catalog.run_command_on_workers(
-                         'SET citus.enable_ddl_propagation TO off; '
-                         'ALTER EXTENSION idempotency UPDATE TO ''1.2''') w
-                   WHERE NOT w.success
-    LOOP
-        RAISE EXCEPTION 'could not update the idempotency extension on node %:%: %',
-            failed.nodename, failed.nodeport, failed.result
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'Install the files of idempotency 1.2 on every node first.';
-    END LOOP;
-    PERFORM @extschema@.idem_distribute();
 END
 $update$;
+DROP FUNCTION @extschema@.idem_update_is_distributed_coordinator();
