@@ -150,7 +150,8 @@ END
 $fn$;
 
 -- As in 1.1, plus: tenant isolation switched on before the table was
--- distributed gets the distributed policy.
+-- distributed (or restored from a dump with it) does not stop it, and gets
+-- the distributed policy.
 CREATE OR REPLACE FUNCTION @extschema@.idem_distribute(shard_count integer DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
@@ -184,6 +185,14 @@ BEGIN
 
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_dist_partition p
                     WHERE p.logicalrelid OPERATOR(pg_catalog.=) records) THEN
+        -- PostgreSQL refuses to retype tenant_id under the isolation policy
+        -- that names it (switched on before distributing, or restored from a
+        -- dump); it is re-created the distributed way below
+        IF EXISTS (SELECT FROM pg_catalog.pg_policy p
+                    WHERE p.polrelid OPERATOR(pg_catalog.=) records
+                      AND p.polname OPERATOR(pg_catalog.=) 'idem_tenant_isolation') THEN
+            EXECUTE pg_catalog.format('DROP POLICY idem_tenant_isolation ON %s', records);
+        END IF;
         -- Citus created the extension, and so the table, on every worker:
         -- each copy must have the collation the shards will have
         EXECUTE to_default_collation;
