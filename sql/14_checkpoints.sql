@@ -78,12 +78,13 @@ SELECT pg_sleep(0.05);
 SELECT key, outcome, recovery_point, state
   FROM idem_claim_many('cp', ARRAY['order-7', 'order-8', 'order-1']) ORDER BY key;
 
--- stale_action = fail applies to a handed-on record once its lease is over
+-- stale_action = fail does not fail a handed-on record: its recovery point
+-- is resumed (sql/17_resumable.sql has the rest of that rule)
 SET idempotency.stale_action = fail;
 SELECT token AS t9 FROM idem_claim('cp', 'order-9') \gset
 SELECT idem_checkpoint('cp', 'order-9', :t9, 'created');
 SELECT idem_release('cp', 'order-9', :t9);
-SELECT outcome, response FROM idem_claim('cp', 'order-9');
+SELECT outcome, response, recovery_point FROM idem_claim('cp', 'order-9');
 RESET idempotency.stale_action;
 
 -- bad input: SQLSTATE, nothing changed

@@ -40,3 +40,30 @@ SELECT idem_set_tenant_isolation(false);
 
 DROP TABLE before_update;
 TRUNCATE idempotency_records;
+
+-- 1.1 -> 1.2: a record checkpointed under 1.1 expired at its lease end; the
+-- update gives it the retention after the lease that 1.2 keeps it for.
+-- (The 1.2 library writes that form already, so the 1.1 form is made by
+-- hand here.)
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency VERSION '1.1';
+SELECT token AS cp_token FROM idem_claim('up', 'resume-me', lease => '1 hour', ttl => '2 hours') \gset
+SELECT idem_checkpoint('up', 'resume-me', :cp_token, 'step-1');
+SELECT token AS live_token FROM idem_claim('up', 'plain', lease => '1 hour') \gset
+UPDATE idempotency_records SET expires_at = lease_expires_at;
+CREATE ROLE idem_up_app;
+GRANT EXECUTE ON FUNCTION idem_checkpoint(text, text, bigint, text, jsonb) TO idem_up_app;
+ALTER EXTENSION idempotency UPDATE TO '1.2';
+SELECT key, expires_at - lease_expires_at AS kept_after_lease
+  FROM idempotency_records ORDER BY key;
+-- the five-argument idem_checkpoint of 1.1 was replaced, with its grants
+SELECT p.oid::regprocedure AS checkpoint_function,
+       has_function_privilege('idem_up_app', p.oid, 'EXECUTE') AS granted,
+       has_function_privilege('public', p.oid, 'EXECUTE') AS public_granted
+  FROM pg_proc p WHERE p.proname = 'idem_checkpoint';
+REVOKE EXECUTE ON FUNCTION idem_checkpoint(text, text, bigint, text, jsonb, interval) FROM idem_up_app;
+DROP ROLE idem_up_app;
+SELECT idem_checkpoint('up', 'resume-me', :cp_token, 'step-2', lease => '3 hours');
+SELECT recovery_point, lease_expires_at > now() + interval '179 min' AS extended
+  FROM idem_lookup('up', 'resume-me');
+TRUNCATE idempotency_records;

@@ -99,7 +99,7 @@ idem_claim_decide(const IdemRecord *rec, const IdemClaimArgs *args,
 	if (rec == NULL)
 		return false;
 
-	if (rec->expires_at > now)
+	if (idem_record_live_until(rec) > now)
 	{
 		if (fingerprint_differs(rec->fingerprint, args->fingerprint))
 			res->outcome = IDEM_OUTCOME_MISMATCH;
@@ -263,7 +263,8 @@ claim_decide(ClaimState *st)
 	if (!idem_claim_decide(st->found ? rec : NULL, st->args, st->now, st->res))
 		return CLAIM_WRITE;
 	if (st->res->outcome == IDEM_OUTCOME_IN_PROGRESS && st->now < st->deadline &&
-		rec->expires_at > st->now && !TransactionIdIsCurrentTransactionId(rec->xmin))
+		idem_record_live_until(rec) > st->now &&
+		!TransactionIdIsCurrentTransactionId(rec->xmin))
 	{
 		poll_sleep(&st->sleep_ms, st->deadline);
 		return CLAIM_AGAIN;
@@ -378,7 +379,9 @@ claim_write(ClaimState *st)
 {
 	if (!st->found)
 		return claim_write_fresh(st);
-	if (st->rec.status == IDEM_PROCESSING && idem_stale_action == IDEM_STALE_FAIL)
+	/* a recovery point is resumed, whatever stale_action says */
+	if (st->rec.status == IDEM_PROCESSING && st->rec.recovery_point == NULL &&
+		idem_stale_action == IDEM_STALE_FAIL)
 		return claim_write_failed(st);
 	return claim_write_takeover(st);
 }

@@ -182,7 +182,8 @@ extern bool idem_store_delete_claim(const IdemKey *k, int64 token);
 extern bool idem_store_hand_on(const IdemKey *k, int64 token, int64 new_token,
 							   TimestampTz now);
 extern bool idem_store_checkpoint(const IdemKey *k, int64 token, text *point,
-								  Datum state, TimestampTz now);
+								  Datum state, TimestampTz now,
+								  TimestampTz lease_end);
 extern bool idem_store_has_checkpoints(void);
 extern bool idem_store_extend_lease(const IdemKey *k, int64 token,
 									TimestampTz now,
@@ -214,6 +215,8 @@ extern bool idem_store_distributed(void);
 extern Datum idem_stale_failure_response(void);
 extern const char *idem_status_name(IdemStatus status);
 extern IdemStatus idem_status_from_text(text *t);
+extern TimestampTz idem_record_live_until(const IdemRecord *rec);
+extern bool idem_record_resumable(const IdemRecord *rec, TimestampTz now);
 extern void idem_check_not_null(bool isnull, const char *column);
 
 /* ---------- the replay fast path (direct_read.c) ---------- */

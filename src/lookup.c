@@ -7,6 +7,7 @@
 
 #include "funcapi.h"
 #include "utils/builtins.h"
+#include "utils/timestamp.h"
 
 #include "idempotency.h"
 
@@ -18,8 +19,10 @@ PG_FUNCTION_INFO_V1(idem_forget);
  *		fingerprint, lease_expires_at, expires_at, created_at, updated_at,
  *		recovery_point, state); the last two from 1.1 on
  *
- * Zero or one row, exactly as stored: an expired record is shown until the
- * sweeper removes it (compare expires_at with now()).  Read-only.
+ * Zero or one row, as stored, except that a processing record whose lease
+ * ended and that keeps a recovery point for the next delivery shows the
+ * status "resumable".  An expired record is shown until the sweeper removes
+ * it (compare expires_at with now()).  Read-only.
  */
 Datum
 idem_lookup(PG_FUNCTION_ARGS)
@@ -42,7 +45,8 @@ idem_lookup(PG_FUNCTION_ARGS)
 		Datum		values[10];
 		bool		nulls[10] = {false};
 
-		values[0] = CStringGetTextDatum(idem_status_name(rec.status));
+		values[0] = CStringGetTextDatum(idem_record_resumable(&rec, GetCurrentTimestamp()) ?
+										"resumable" : idem_status_name(rec.status));
 		values[1] = Int64GetDatum(rec.token);
 		values[2] = rec.response;
 		nulls[2] = rec.response_isnull;

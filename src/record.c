@@ -53,6 +53,33 @@ idem_status_name(IdemStatus status)
 }
 
 /*
+ * Until when a record answers claims as it is: a processing record's
+ * lease, any other record's expiry.  A processing record with a recovery
+ * point outlives its lease: it expires when its retention after the lease
+ * ends, and meanwhile the next claim resumes it (store.c's LIVE_UNTIL is
+ * the same rule in SQL).
+ */
+TimestampTz
+idem_record_live_until(const IdemRecord *rec)
+{
+	if (rec->status == IDEM_PROCESSING && !rec->lease_isnull)
+		return rec->lease_expires_at;
+	return rec->expires_at;
+}
+
+/*
+ * A processing record whose lease ended, kept for its recovery point: it
+ * waits for the next delivery to resume it.  idem_lookup shows it as
+ * "resumable".
+ */
+bool
+idem_record_resumable(const IdemRecord *rec, TimestampTz now)
+{
+	return rec->status == IDEM_PROCESSING && rec->recovery_point != NULL &&
+		idem_record_live_until(rec) <= now;
+}
+
+/*
  * A column the extension made NOT NULL was read as NULL: the constraint was
  * dropped and a row written around the functions.  Refuse, never read it.
  */

@@ -249,13 +249,16 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 }
 
 /*
- * idem_checkpoint(tenant_id, key, token, point, state) RETURNS void
+ * idem_checkpoint(tenant_id, key, token, point, state, lease) RETURNS void
  *
  * Store a recovery point, and optional state, on the claim held by token,
  * in the caller's transaction: a phase's business writes and its
  * checkpoint commit or roll back together.  A later owner of the key (after
  * a takeover, or a release without failure) receives the last committed
- * point from idem_claim and resumes after it.
+ * point from idem_claim and resumes after it; the record is kept for that
+ * until its retention (the claim's ttl) after the lease ends.  With lease
+ * (1.2; the 1.1 function has five arguments), the lease is also extended
+ * to now + lease: a phase that checkpoints proves its holder is alive.
  */
 Datum
 idem_checkpoint(PG_FUNCTION_ARGS)
@@ -266,6 +269,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	Datum		state;
 	bool		state_isnull;
 	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz lease_end = 0;	/* 0: the lease stays as it is */
 	IdemHeldClaim *held;
 
 	fenced_args(fcinfo, &k, &token);
@@ -273,6 +277,9 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	state = idem_arg_jsonb(fcinfo, 4, "state", &state_isnull);
 	if (state_isnull)
 		state = (Datum) 0;
+	if (PG_NARGS() > 5 && !PG_ARGISNULL(5))
+		lease_end = idem_add_duration(now, idem_arg_duration(fcinfo, 5, "lease", 0, false),
+									  "lease");
 
 	/* a held claim is written first, then checkpointed as a written one */
 	held = held_claim(&k, token, "checkpoint");
@@ -285,7 +292,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 				 errmsg("recovery points need version 1.1 of the idempotency extension"),
 				 errhint("Run ALTER EXTENSION idempotency UPDATE.")));
 	idem_keylock_hold(&k, idem_direct_inserter);
-	if (!idem_store_checkpoint(&k, token, point, state, now))
+	if (!idem_store_checkpoint(&k, token, point, state, now, lease_end))
 		report_refused(&k, token, "checkpoint");
 	idem_store_end();
 

@@ -73,9 +73,28 @@ typedef enum IdemQuery
  * and gives the same instant for the intervals the functions store (whole
  * microseconds, no days or months).
  */
-#define EXPIRY(n) \
-	" pg_catalog.timezone('UTC', pg_catalog.timezone('UTC', $" #n ")" \
+#define EXPIRY(n) EXPIRY_AFTER("$" #n)
+#define EXPIRY_AFTER(t) \
+	" pg_catalog.timezone('UTC', pg_catalog.timezone('UTC', " t ")" \
 	" OPERATOR(pg_catalog.+) ttl) "
+
+/*
+ * Until when a record answers claims as it is (idem_record_live_until):
+ * a claim's lease while it is processing, its expiry otherwise.  A
+ * processing record with a recovery point expires only when its retention
+ * after the lease ends, so that the next holder can resume it.
+ */
+/*
+ * An expired row that is a stale claim: the sweeper releases it, or fails
+ * it with stale_action = 'fail'.  An expired processing row with a
+ * recovery point is past its retention, not a stale claim: it is deleted
+ * like an expired completed or failed record, in either case.
+ */
+#define STALE_CLAIM " (status" EQ "'processing' AND @NO_POINT@) "
+
+#define LIVE_UNTIL \
+	" CASE WHEN status" EQ "'processing'" \
+	" THEN COALESCE(lease_expires_at, expires_at) ELSE expires_at END "
 
 /* a batch of fresh processing records: keys $2, tokens $3, fingerprints $7 */
 #define INSERT_MANY \
@@ -166,9 +185,12 @@ static const IdemStatement statements[NUM_QUERIES] = {
 		"UPDATE %1$s SET status = 'processing', token = $9,"
 		" fingerprint = CASE WHEN $8 THEN $4 ELSE COALESCE($4, fingerprint) END,"
 		" created_at = CASE WHEN $8 THEN $5 ELSE created_at END,"
-		" response = NULL, lease_expires_at = $6, expires_at = $6, ttl = $7, updated_at = $5"
+		" response = NULL, lease_expires_at = $6, ttl = $7, updated_at = $5,"
+		" expires_at = CASE WHEN NOT $8 AND @HAS_POINT@"
+		" THEN pg_catalog.timezone('UTC', pg_catalog.timezone('UTC', $6) OPERATOR(pg_catalog.+) $7)"
+		" ELSE $6 END"
 		" @CHECKPOINT_RESET@"
-		BY_KEY "AND token" EQ "$3 AND expires_at OPERATOR(pg_catalog.<=) $5"
+		BY_KEY "AND token" EQ "$3 AND" LIVE_UNTIL "OPERATOR(pg_catalog.<=) $5"
 		" RETURNING token",
 		ARGS(TEXTOID, TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
 			INTERVALOID, BOOLOID, INT8OID),
@@ -179,8 +201,8 @@ static const IdemStatement statements[NUM_QUERIES] = {
 		.text =
 		"UPDATE %1$s SET status = 'failed', response = $4, lease_expires_at = NULL,"
 		" expires_at =" EXPIRY(5) ", updated_at = $5"
-		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
-		" AND expires_at OPERATOR(pg_catalog.<=) $5"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing' AND @NO_POINT@"
+		" AND" LIVE_UNTIL "OPERATOR(pg_catalog.<=) $5"
 		" RETURNING status, token, fingerprint, response, expires_at, lease_expires_at,"
 		" created_at, updated_at, xmin, @POINT@, @STATE@",
 		ARGS(TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID),
@@ -206,26 +228,33 @@ static const IdemStatement statements[NUM_QUERIES] = {
 	/*
 	 * ... and is handed on instead: its lease ends now and it gets a new
 	 * token (the releasing holder's is refused from now on), so the next
-	 * claim takes it over and resumes from its recovery point.
+	 * claim takes it over and resumes from its recovery point, while its
+	 * retention lasts.
 	 */
 	[Q_RELEASE_KEEP] = {
 		.text =
-		"UPDATE %1$s SET token = $4, lease_expires_at = $5, expires_at = $5, updated_at = $5"
+		"UPDATE %1$s SET token = $4, lease_expires_at = $5, expires_at =" EXPIRY(5) ","
+		" updated_at = $5"
 		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
 		" AND recovery_point IS NOT NULL",
 		ARGS(TEXTOID, TEXTOID, INT8OID, INT8OID, TIMESTAMPTZOID),
 	},
 
+	/* $7: a new lease end, or NULL to keep the lease */
 	[Q_CHECKPOINT] = {
 		.text =
-		"UPDATE %1$s SET recovery_point = $4, state = $5, updated_at = $6"
+		"UPDATE %1$s SET recovery_point = $4, state = $5, updated_at = $6,"
+		" lease_expires_at = COALESCE($7, lease_expires_at),"
+		" expires_at =" EXPIRY_AFTER("COALESCE($7, lease_expires_at, expires_at)")
 		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
-		ARGS(TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID),
+		ARGS(TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID,
+			TIMESTAMPTZOID),
 	},
 
 	[Q_EXTEND_LEASE] = {
 		.text =
-		"UPDATE %1$s SET lease_expires_at = $4, expires_at = $4, updated_at = $5"
+		"UPDATE %1$s SET lease_expires_at = $4, updated_at = $5,"
+		" expires_at = CASE WHEN @HAS_POINT@ THEN" EXPIRY(4) "ELSE $4 END"
 		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
 		ARGS(TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID),
 	},
@@ -245,7 +274,7 @@ static const IdemStatement statements[NUM_QUERIES] = {
 		" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
 		" AND expires_at OPERATOR(pg_catalog.>=) $3"
 		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
-		" RETURNING status" EQ "'processing', expires_at",
+		" RETURNING" STALE_CLAIM ", expires_at",
 		ARGS(TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID),
 		RESULT(SWEPT_COLUMNS),
 	},
@@ -255,7 +284,7 @@ static const IdemStatement statements[NUM_QUERIES] = {
 		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
 		" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
 		" AND expires_at OPERATOR(pg_catalog.>=) $3"
-		" AND status OPERATOR(pg_catalog.<>) 'processing'"
+		" AND NOT" STALE_CLAIM
 		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
 		" RETURNING false, expires_at",
 		ARGS(TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID),
@@ -267,7 +296,7 @@ static const IdemStatement statements[NUM_QUERIES] = {
 		.text =
 		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
 		" SELECT ctid FROM %1$s WHERE expires_at" EQ "$1 FOR UPDATE SKIP LOCKED))"
-		" RETURNING status" EQ "'processing', expires_at",
+		" RETURNING" STALE_CLAIM ", expires_at",
 		ARGS(TIMESTAMPTZOID),
 		RESULT(SWEPT_COLUMNS),
 	},
@@ -276,7 +305,7 @@ static const IdemStatement statements[NUM_QUERIES] = {
 		.text =
 		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
 		" SELECT ctid FROM %1$s WHERE expires_at" EQ "$1"
-		" AND status OPERATOR(pg_catalog.<>) 'processing' FOR UPDATE SKIP LOCKED))"
+		" AND NOT" STALE_CLAIM "FOR UPDATE SKIP LOCKED))"
 		" RETURNING false, expires_at",
 		ARGS(TIMESTAMPTZOID),
 		RESULT(SWEPT_COLUMNS),
@@ -288,7 +317,7 @@ static const IdemStatement statements[NUM_QUERIES] = {
 		" expires_at =" EXPIRY(1) ", updated_at = $1"
 		" WHERE ctid" EQ "ANY (ARRAY("
 		" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-		" AND status" EQ "'processing'"
+		" AND" STALE_CLAIM
 		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
 		ARGS(TIMESTAMPTZOID, INT4OID, JSONBOID),
 	},
@@ -303,14 +332,14 @@ static const IdemStatement statements[NUM_QUERIES] = {
 	[Q_CLUSTER_SWEEP_STALE] = {
 		.text =
 		"DELETE FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-		" AND status" EQ "'processing'",
+		" AND" STALE_CLAIM,
 		ARGS(TIMESTAMPTZOID),
 	},
 
 	[Q_CLUSTER_SWEEP_TERMINAL] = {
 		.text =
 		"DELETE FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-		" AND status OPERATOR(pg_catalog.<>) 'processing'",
+		" AND NOT" STALE_CLAIM,
 		ARGS(TIMESTAMPTZOID),
 	},
 
@@ -318,7 +347,7 @@ static const IdemStatement statements[NUM_QUERIES] = {
 		.text =
 		"UPDATE %1$s SET status = 'failed', response = $2, lease_expires_at = NULL,"
 		" expires_at =" EXPIRY(1) ", updated_at = $1"
-		" WHERE expires_at OPERATOR(pg_catalog.<=) $1 AND status" EQ "'processing'",
+		" WHERE expires_at OPERATOR(pg_catalog.<=) $1 AND" STALE_CLAIM,
 		ARGS(TIMESTAMPTZOID, JSONBOID),
 	},
 };
@@ -656,6 +685,8 @@ static const char *const checkpoint_parts[][3] = {
 		", recovery_point = CASE WHEN $8 THEN NULL ELSE recovery_point END,"
 		" state = CASE WHEN $8 THEN NULL ELSE state END", ""},
 	{"@NO_CHECKPOINT@", "AND recovery_point IS NULL", ""},
+	{"@NO_POINT@", "recovery_point IS NULL", "true"},
+	{"@HAS_POINT@", "recovery_point IS NOT NULL", "false"},
 };
 
 /* Replace every placeholder of checkpoint_parts in sql. */
@@ -692,15 +723,20 @@ shard_plan(IdemQuery q)
 	{
 		StringInfoData sql;
 		char	   *qualified;
+		char	   *text;
 
 		qualified = quote_qualified_identifier(get_namespace_name(get_rel_namespace(sweep_shard)),
 											   get_rel_name(sweep_shard));
+
 		initStringInfo(&sql);
 		appendStringInfo(&sql, statements[q].text, qualified);
-		shard_plans[q] = SPI_prepare(sql.data, statements[q].nargs, (Oid *) statements[q].argtypes);
+		text = expand_checkpoint_parts(sql.data);
+		shard_plans[q] = SPI_prepare(text, statements[q].nargs, (Oid *) statements[q].argtypes);
 		if (shard_plans[q] == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 sql.data, SPI_result_code_string(SPI_result));
+				 text, SPI_result_code_string(SPI_result));
+		pfree(text);
+		pfree(sql.data);
 	}
 	return shard_plans[q];
 }
@@ -1059,13 +1095,17 @@ idem_store_hand_on(const IdemKey *k, int64 token, int64 new_token,
 	return store_run(Q_RELEASE_KEEP, values, "     ", false, 0) == 1;
 }
 
-/* Store a recovery point (and state) on the processing record of token. */
+/*
+ * Store a recovery point (and state) on the processing record of token,
+ * and, unless lease_end is 0, extend its lease to lease_end.  Its expiry
+ * becomes the end of its retention after the lease (LIVE_UNTIL).
+ */
 bool
 idem_store_checkpoint(const IdemKey *k, int64 token, text *point, Datum state,
-					  TimestampTz now)
+					  TimestampTz now, TimestampTz lease_end)
 {
-	Datum		values[6];
-	char		nulls[7] = "      ";
+	Datum		values[7];
+	char		nulls[8] = "       ";
 
 	values[0] = PointerGetDatum(k->tenant_id);
 	values[1] = PointerGetDatum(k->key);
@@ -1074,6 +1114,8 @@ idem_store_checkpoint(const IdemKey *k, int64 token, text *point, Datum state,
 	values[4] = state;
 	nulls[4] = state ? ' ' : 'n';
 	values[5] = TimestampTzGetDatum(now);
+	values[6] = TimestampTzGetDatum(lease_end);
+	nulls[6] = lease_end == 0 ? 'n' : ' ';
 
 	return store_run(Q_CHECKPOINT, values, nulls, false, 0) == 1;
 }

@@ -496,7 +496,7 @@ def check_claim(a, b, c):
 def check_lookup(a, b, c):
     if c not in (0, 1):
         return '%d rows' % c
-    if a not in ('none', 'processing', 'completed', 'failed'):
+    if a not in ('none', 'processing', 'resumable', 'completed', 'failed'):   # resumable: 1.2
         return 'status %r' % a
     if (c == 1) != (b is not None) or (b is not None and b <= 0):
         return 'token %r with %d rows' % (b, c)
@@ -545,7 +545,7 @@ SIGNATURES = {
                        ('token', 'token', True), ('lease', 'duration', False)],
     'idem_checkpoint': [('tenant_id', 'tenant', True), ('key', 'key', True),
                         ('token', 'token', True), ('point', 'fingerprint', True),
-                        ('state', 'jsonb', False)],
+                        ('state', 'jsonb', False), ('lease', 'duration', False)],
     'idem_child_key': [('tenant_id', 'tenant', True), ('key', 'key', True),
                        ('step', 'fingerprint', True)],
     'idem_lookup': [('tenant_id', 'tenant', True), ('key', 'key', True)],
@@ -663,6 +663,10 @@ def judge(fn, args, phase):
         lease = vals.get('lease')
         checks.append(end_check(lease.us if lease is not None and lease.kind == 'dur'
                                 else phase['lease_ms'] * 1000))
+    if fn == 'idem_checkpoint':
+        lease = vals.get('lease')             # 1.2: only a given lease is added to now
+        if lease is not None and lease.kind == 'dur':
+            checks.append(end_check(lease.us))
 
     for c in checks:
         allowed |= c - {'valid'}

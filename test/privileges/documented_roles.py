@@ -38,7 +38,7 @@ ROLE_FUNCTIONS = {
     'app': {'idem_claim', 'idem_claim_many', 'idem_complete', 'idem_release', 'idem_heartbeat',
             'idem_checkpoint', 'idem_child_key', 'idem_lookup'},
     'idem_operator': {'idem_lookup', 'idem_forget', 'idem_sweep', 'idem_stats_read', 'idem_stats_reset',
-                      'idem_node_stats', 'idem_cluster_stats'},
+                      'idem_node_stats', 'idem_cluster_stats', 'idem_record_states'},
     'idem_sweeper': {'idem_sweep'},
 }
 OWNER_ONLY_HEADING = '## Owner only'
@@ -183,6 +183,9 @@ def operator_can(P, own):
         r = P.rows(c, "SELECT status FROM idem_lookup(%s, 'k')", (tenant,))
         if r != [('processing',)]:
             problems.append('lookup: %r' % (r,))
+        r = P.rows(c, "SELECT records FROM idem_record_states() WHERE state = 'processing'")
+        if not r or r[0][0] < 1:
+            problems.append('idem_record_states: %r (want at least the claim just made)' % (r,))
         r = P.one(c, "SELECT idem_forget(%s, 'k')", (tenant,))
         gone = P.one(own, "SELECT count(*) FROM idempotency_records WHERE tenant_id = %s", (tenant,))[0]
         if r != (True,) or gone != 0:
@@ -224,6 +227,7 @@ REFUSED = {
         'idem_stats': 'SELECT * FROM idem_stats',
         'idem_stats_read': 'SELECT * FROM idem_stats_read()',
         'idem_stats_reset': 'SELECT idem_stats_reset()',
+        'idem_record_states': 'SELECT * FROM idem_record_states()',
     },
     'idem_operator': dict(SETTLE, **{
         'idem_claim': "SELECT * FROM idem_claim('t', 'k')",
@@ -239,6 +243,7 @@ REFUSED = {
         'idem_stats': 'SELECT * FROM idem_stats',
         'idem_stats_read': 'SELECT * FROM idem_stats_read()',
         'idem_stats_reset': 'SELECT idem_stats_reset()',
+        'idem_record_states': 'SELECT * FROM idem_record_states()',
     }),
 }
 

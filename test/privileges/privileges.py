@@ -48,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PUBLIC_EXECUTABLE = {'idem_current_tenant(text)'}
 APP_FUNCTIONS = ['idem_claim', 'idem_claim_many', 'idem_complete', 'idem_release',
                  'idem_heartbeat', 'idem_checkpoint', 'idem_child_key', 'idem_lookup']
-OPS_FUNCTIONS = ['idem_forget', 'idem_sweep', 'idem_stats_read', 'idem_stats_reset']
+OPS_FUNCTIONS = ['idem_forget', 'idem_sweep', 'idem_stats_read', 'idem_stats_reset', 'idem_record_states']
 HOSTILE_PATH = 'pg_temp, evil, public, pg_catalog'
 
 passed = 0

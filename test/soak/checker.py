@@ -1,6 +1,7 @@
 """Checks the invariants I1-I7 of the idempotency extension, and I9 for
-multi-step work (recovery points), from a soak history (history.py) and the
-final tables.
+multi-step work (recovery points: no restart, and no deletion of a
+checkpointed record, while its retention lasts), from a soak history
+(history.py) and the final tables.
 
 The history gives, for every call, the client-clock interval [t0, t1] in
 which the server executed it; server timestamps (lease ends) come from the
@@ -195,10 +196,14 @@ class History:
         self.abandoned = []
         self.errors = []
         self.deleted = defaultdict(list)        # key -> commit times of its records' DELETEs
+        self.sweeps = defaultdict(list)         # key -> idem_sweep() calls forced for it
         for e in events[1:]:
             kind = e["e"]
             if kind == "deleted":
                 self.deleted[(e["tn"], e["k"])].append((e["t1"], e.get("xid")))
+                continue
+            if kind == "sweep":
+                self.sweeps[(e["tn"], e["k"])].append(e)
                 continue
             if kind == "gaveup":
                 self.gaveup.append(e)
@@ -537,32 +542,40 @@ def abandoned_keys(hist, records):
 
 def check_liveness_at_end(conn, hist, final, tenants, i7, sweeper):
     """I7 at the end: no processing row outlives its lease plus one sweep
-    interval (plus GRACE_S), and every abandoned key can be claimed again."""
+    interval (plus GRACE_S) -- one with a recovery point, its retention
+    after the lease --, and every abandoned key can be claimed again."""
     stale = abandoned_keys(hist, final[0])
     interval = sweep_interval(conn)
     use_worker = sweeper == "worker" or (sweeper == "auto" and interval > 0
                                          and worker_running(conn))
     cur = conn.cursor()
     last_lease = max([v[1] for v in stale.values()] + [time.time()])
+    # A record with a recovery point is kept after its lease until its
+    # retention ends (expires_at), to be resumed: stale only after that.
     if use_worker:
         time.sleep(max(0.0, last_lease + interval + GRACE_S - time.time()))
         how = "the sweeper worker (interval %d s)" % interval
-        cur.execute("SELECT tenant_id, key, extract(epoch FROM now() - lease_expires_at)::float8"
-                    " FROM idempotency_records WHERE tenant_id = ANY(%s)"
-                    " AND status = 'processing'"
-                    " AND lease_expires_at < now() - make_interval(secs => %s)",
-                    (tenants, interval + GRACE_S))
+        slack = interval + GRACE_S
     else:
         time.sleep(max(0.0, last_lease + 0.05 - time.time()))
         cur.execute("SELECT * FROM idem_sweep()")
         how = "idem_sweep() (no sweeper worker %s)" % (
             "requested" if sweeper == "call" else "running")
-        cur.execute("SELECT tenant_id, key, extract(epoch FROM now() - lease_expires_at)::float8"
-                    " FROM idempotency_records WHERE tenant_id = ANY(%s)"
-                    " AND status = 'processing' AND lease_expires_at < now()", (tenants,))
-    for tn, k, late in cur.fetchall():
-        i7.fail("%s/%s still processing %.1f s after its lease ended (swept by %s)"
-                % (tn, k, late, how))
+        slack = 0
+    cur.execute("SELECT tenant_id, key, extract(epoch FROM now() - lease_expires_at)::float8,"
+                " recovery_point IS NOT NULL"
+                " FROM idempotency_records WHERE tenant_id = ANY(%s)"
+                " AND status = 'processing'"
+                " AND lease_expires_at < now() - make_interval(secs => %s)"
+                " AND (recovery_point IS NULL OR expires_at < now() - make_interval(secs => %s))",
+                (tenants, slack, slack))
+    for tn, k, late, point in cur.fetchall():
+        i7.fail("%s/%s still processing %.1f s after its lease ended%s (swept by %s)"
+                % (tn, k, late, " and its retention" if point else "", how))
+    cur.execute("SELECT count(*) FROM idempotency_records WHERE tenant_id = ANY(%s)"
+                " AND status = 'processing' AND recovery_point IS NOT NULL"
+                " AND lease_expires_at < now()", (tenants,))
+    resumable = cur.fetchone()[0]
     reclaimed = 0
     for (tn, k), (fp, _) in sorted(stale.items()):
         cur.execute("SELECT outcome, token FROM idem_claim(%s, %s, %s, lease => '1 second')",
@@ -573,8 +586,19 @@ def check_liveness_at_end(conn, hist, final, tenants, i7, sweeper):
             continue
         reclaimed += 1
         cur.execute("SELECT idem_release(%s, %s, %s)", (tn, k, token))
-    i7.notes.append("%d keys left to dead holders freed by %s, %d claimable again"
-                    % (len(stale), how, reclaimed))
+    i7.notes.append("%d keys left to dead holders freed by %s (%d of them kept with their"
+                    " recovery point, to be resumed), %d claimable again"
+                    % (len(stale), how, resumable, reclaimed))
+
+
+def lease_end_of(hist, h):
+    """When holder h's claim stopped holding the key: its lease (or last
+    heartbeat), or its release without a failure if that came first."""
+    end = h.valid_until(hist.txns)
+    for st in h.settles:
+        if st["e"] == "release" and st.get("ok") and hist.txns[st["x"]].end:
+            end = min(end, hist.txns[st["x"]].end["t0"])
+    return end
 
 
 def check_multi_step(hist, final, i9):
@@ -582,16 +606,25 @@ def check_multi_step(hist, final, i9):
     transaction of its checkpoint) exists at most once per key and, for a
     completed key, exactly once; every holder received the recovery point
     and state of the last committed checkpoint and ran only the phases after
-    it.  The one exception is documented: when the record was deleted (the
-    sweeper removed it after its lease, seen through the logical slot), its
-    checkpoint is forgotten and the next holder starts over; phases repeat
-    only across such a deletion, and only a sweep may delete: not a call
-    of the key's own holders (their transaction ids are in the history: a
-    release that deleted a checkpointed record, say), and not while the
-    last holder's lease was live.  Holders are taken in token order (tokens
-    increase per key across takeovers, releases and deletions); a deletion
-    forgets the rows whose transaction sent COMMIT before it committed."""
+    it.  A record with a recovery point outlives its lease and the sweeper
+    for its retention (the claim's ttl, header ttl_s) after the lease ended
+    or it was released: a deletion of such a record before that (seen
+    through the logical slot) is a violation, and so is any holder handed a
+    point before the last committed one (a restart).  Only after the
+    retention may the record go; the next holder then starts over and its
+    phases repeat, which is allowed.  Only a sweep may delete: not a call of
+    the key's own holders (their transaction ids are in the history: a
+    release that deleted a checkpointed record, say).  Holders are taken in
+    token order (tokens increase per key across takeovers, releases and
+    deletions); a deletion forgets the rows whose transaction sent COMMIT
+    before it committed.  Also counted: the forced sweeps (sweep events)
+    that ran while a key had a committed checkpoint, no completion, and its
+    last holder's lease was over -- each one a chance for the sweeper to
+    delete the record."""
     records, steps = final[0], final[3]
+    ttl = hist.header.get("ttl_s")
+    if ttl is None:
+        ttl = float("inf")      # a history without it: no deletion is allowed
     commit_of = {}      # (key, token, phase) -> the step transaction
     own_xids = defaultdict(set)
     for t in hist.txns.values():
@@ -601,7 +634,8 @@ def check_multi_step(hist, final, i9):
             if op.get("xid") is not None:
                 own_xids[(op["tn"], op["k"])].add(op["xid"])
     keys = [k for k, m in hist.mode.items() if m == "multi"]
-    once = restarted = resumed = rows_total = 0
+    once = restarts = after_retention = within_retention = resumed = rows_total = 0
+    chances = 0
     by_point = defaultdict(int)
     for key in keys:
         i9.checked += 1
@@ -619,29 +653,33 @@ def check_multi_step(hist, final, i9):
         deletions = sorted(hist.deleted.get(key, ()))
         remembered = {}        # phase -> (token, delivery, COMMIT sent at)
         applied = 0
-        forgot = False
         prev = None
         for h in holders:
             while applied < len(deletions) and deletions[applied][0] < h.claim["t1"]:
                 d, xid = deletions[applied]
                 applied += 1
                 kept = {p: v for p, v in remembered.items() if v[2] > d}
-                if len(kept) == len(remembered):
-                    continue
+                if len(kept) == len(remembered) or 3 in remembered:
+                    continue    # no checkpoint forgotten (or a completed record's expiry)
                 if xid in own_xids[key]:
                     i9.fail("%s/%s: a call of the key's own holders (transaction %d) deleted"
                             " the record with checkpoint %s" % (key + (xid, max(remembered))))
                     continue
-                stale = prev.valid_until(hist.txns) if prev else 0
-                for st in (prev.settles if prev else ()):
-                    if st["e"] == "release" and st.get("ok"):
-                        stale = min(stale, hist.txns[st["x"]].end["t0"])
-                if d < stale:
+                lease_end = lease_end_of(hist, prev) if prev else 0
+                if d < lease_end:
+                    within_retention += 1
                     i9.fail("%s/%s: the record with checkpoint %s was deleted at %.3f, while"
                             " the lease of token %d ran until %.3f"
-                            % (key + (max(remembered), d, prev.tok, stale)))
+                            % (key + (max(remembered), d, prev.tok, lease_end)))
                     continue
-                forgot = True
+                if d < lease_end + ttl:
+                    within_retention += 1
+                    i9.fail("%s/%s: the record with checkpoint %s was deleted at %.3f, %.3f s"
+                            " after the lease of token %d ended, within its retention"
+                            " (%.0f s)" % (key + (max(remembered), d, d - lease_end, prev.tok,
+                                                  ttl)))
+                    continue
+                after_retention += 1     # allowed: the record's retention was over
                 remembered = kept
             done = max((p for p in remembered if p < 3), default=0)
             got = POINT_PHASE.get(h.claim.get("rp"), -1)
@@ -651,10 +689,14 @@ def check_multi_step(hist, final, i9):
             if 3 in remembered:
                 pass        # a winner after a completion: I1 reports it
             elif got != done:
+                if 0 <= got < done:
+                    restarts += 1
                 i9.fail("%s/%s: holder of token %d (delivery %d) received recovery point %s;"
-                        " the last committed one is %s"
+                        " the last committed one is %s%s"
                         % (key + (h.tok, h.claim["d"], h.claim.get("rp"),
-                                  "p%d" % done if done else None)))
+                                  "p%d" % done if done else None,
+                                  " (a restart while the record's retention lasted)"
+                                  if 0 <= got < done else "")))
             elif got:
                 tok, dlv, _ = remembered[got]
                 want = {"d": dlv, "tok": tok, "phase": got}
@@ -668,11 +710,12 @@ def check_multi_step(hist, final, i9):
                             % (key + (h.tok, r["ph"], h.claim.get("rp"))))
                 if r["ph"] in remembered:
                     i9.fail("%s/%s: phase %d ran twice (tokens %d and %d) with no deletion of"
-                            " the record between them"
+                            " the record after its retention between them"
                             % (key + (r["ph"], remembered[r["ph"]][0], h.tok)))
                 sent = txn.end["t0"] if txn is not None and txn.end else float("inf")
                 remembered[r["ph"]] = (h.tok, r["d"], sent)
             prev = h
+        chances += sweep_chances(hist, key, holders)
         rec = records.get(key)
         if rec is not None and rec["status"] == "completed":
             last = {p: v[0] for p, v in remembered.items()}
@@ -684,14 +727,46 @@ def check_multi_step(hist, final, i9):
         phases = [r["ph"] for r in steps.get(key, [])]
         if phases and all(phases.count(p) == 1 for p in phases):
             once += 1
-        if forgot:
-            restarted += 1
-    i9.notes.append("%d keys, %d phase rows; every phase exactly once in %d keys, %d restarted"
-                    " after the sweeper deleted their checkpointed record; %d resumed holders"
-                    " (%s)" % (len(keys), rows_total, once, restarted, resumed,
-                               ", ".join("from %s %d" % kv for kv in sorted(by_point.items()))))
-    return {"keys": len(keys), "rows": rows_total, "once": once, "restarted": restarted,
-            "resumed": resumed}
+    sweeps = [s for k in keys for s in hist.sweeps.get(k, ())]
+    why = defaultdict(int)
+    for sw in sweeps:
+        why[sw.get("why")] += 1
+    i9.notes.append(
+        "%d keys, %d phase rows; every phase exactly once in %d keys; %d forced sweeps (%s),"
+        " %d of them while a checkpointed key's lease was over; %d resumed holders (%s);"
+        " restarts from an earlier phase %d, checkpointed records deleted within their"
+        " retention %d, after it %d (retention %s)"
+        % (len(keys), rows_total, once, len(sweeps),
+           ", ".join("%s %d" % kv for kv in sorted(why.items())) or "none", chances, resumed,
+           ", ".join("from %s %d" % kv for kv in sorted(by_point.items())), restarts,
+           within_retention, after_retention, "%.0f s" % ttl if ttl != float("inf") else "unknown"))
+    return {"keys": len(keys), "rows": rows_total, "once": once, "restarts": restarts,
+            "within": within_retention, "after": after_retention, "resumed": resumed,
+            "sweeps": len(sweeps), "chances": chances, "ttl": ttl}
+
+
+def sweep_chances(hist, key, holders):
+    """The forced sweeps of key that ran while a checkpoint of it had
+    committed, no completion had, and its last holder's lease was over."""
+    commits = []        # (acknowledged at, phase)
+    for h in holders:
+        for op in hist.by_attempt[(h.claim["d"], h.claim["a"])]:
+            if op["e"] == "step" and op.get("tok") == h.tok:
+                t = hist.txns[op["x"]]
+                if t.status == "committed":
+                    commits.append((t.end["t1"], op["ph"]))
+    n = 0
+    for sw in hist.sweeps.get(key, ()):
+        if not sw.get("ok"):
+            continue
+        t = sw["t0"]
+        done = [p for at, p in commits if at < t]
+        if not done or 3 in done:
+            continue
+        before = [h for h in holders if h.claim["t1"] < t]
+        if before and lease_end_of(hist, before[-1]) < t:
+            n += 1
+    return n
 
 
 def check_errors(hist, errs, crashes_expected):
@@ -714,6 +789,17 @@ def check_errors(hist, errs, crashes_expected):
         if t.end is not None and t.end["res"] == "error":
             errs.fail("transaction %s: %s failed with SQLSTATE %s"
                       % (t.x, t.end["how"], t.end.get("err")))
+    for sweeps in hist.sweeps.values():
+        for sw in sweeps:
+            errs.checked += 1
+            if sw.get("ok"):
+                continue
+            if sw.get("err") == "conn":
+                conn_lost += 1
+                if crashes_expected:
+                    continue
+            errs.fail("%s/%s: idem_sweep() forced %s failed with SQLSTATE %s (%s)"
+                      % (sw["tn"], sw["k"], sw.get("why"), sw.get("err"), sw.get("msg")))
     errs.notes.append("%d calls, %d interrupted by lost connections" % (errs.checked, conn_lost))
 
 
@@ -773,13 +859,20 @@ def check_history(events, final, crashes_expected=False):
         figures.append(
             "multi-step: %d keys, %d holders, %d phase rows, %d checkpoints accepted; between"
             " phases %d holders died, %d rolled a phase back and died, %d released, %d stalled"
-            " past their lease (zombies; %d checkpoints or completions refused); resumed holders"
-            " %d; keys restarted after a sweep %d; deletions observed %d"
+            " past their lease (zombies; %d checkpoints or completions refused); forced sweeps"
+            " %d (%d while a checkpointed key's lease was over); resumed holders %d; restarts"
+            " %d; checkpointed records deleted within their retention %d, after it %d"
+            " (retention %s); deletions observed %d"
             % (m["keys"], len(multi_holders), m["rows"], checkpoints, faults["die"],
-               faults["rollback"], releases, faults["stall"], refused, m["resumed"],
-               m["restarted"], sum(len(v) for v in hist.deleted.values())))
+               faults["rollback"], releases, faults["stall"], refused, m["sweeps"],
+               m["chances"], m["resumed"], m["restarts"], m["within"], m["after"],
+               "%.0f s" % m["ttl"] if m["ttl"] != float("inf") else "unknown",
+               sum(len(v) for v in hist.deleted.values())))
         checks.insert(7, i9)
-    return Report(checks, figures), hist
+        m["faults"] = sum(faults.values()) + releases
+    report = Report(checks, figures)
+    report.multi = m if multi else None
+    return report, hist
 
 
 def check(conn, events, sweeper="auto", crashes_expected=False):
@@ -789,5 +882,14 @@ def check(conn, events, sweeper="auto", crashes_expected=False):
     report, hist = check_history(events, final, crashes_expected)
     i7 = next(c for c in report.checks if c.name == "I7")
     check_liveness_at_end(conn, hist, final, events[0]["tenants"], i7, sweeper)
+    m = report.multi
+    if m and m["sweeps"] and m["faults"] and not m["chances"]:
+        # the whole run (not the self-test's samples): the forced sweeps must
+        # have met checkpointed records with their lease over, or I9 proved
+        # nothing about the sweeper
+        i9 = next(c for c in report.checks if c.name == "I9")
+        i9.fail("%d forced sweeps after %d faults, none while a checkpointed key's lease was"
+                " over: the sweeper never had a chance to remove a checkpointed record"
+                % (m["sweeps"], m["faults"]))
     report.violations = sum(len(c.violations) for c in report.checks)
     return report

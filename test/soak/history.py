@@ -9,7 +9,10 @@ Event fields (short names: a default soak writes about 300,000 of them):
   e    event: run (header), claim, pay (business row, same transaction),
        effect (work outside the transaction), heartbeat, complete, release,
        fail (release with a failure document), end (COMMIT/ROLLBACK),
-       abandon (a lease holder that dies), gaveup (a delivery never settled)
+       abandon (a lease holder that dies), gaveup (a delivery never settled),
+       step and checkpoint (multi-step phases), sweep (an idem_sweep() forced
+       by a multi-step delivery: why = claim | phase | fault, n = its three
+       counts), deleted (a record's DELETE seen by the logical slot)
   d, a delivery id and attempt; s session; x transaction id ("session.n")
   tn, k, m, fp  tenant, key, key mode (tx | lease), fingerprint sent
   t0, t1  client clock (epoch seconds) before the call and after its answer
@@ -18,6 +21,8 @@ Event fields (short names: a default soak writes about 300,000 of them):
   ok, err  call succeeded; SQLSTATE when it failed ("conn" = connection lost)
   how, res (end only)  commit | rollback; ok | unknown (COMMIT sent, no
        answer) | lost (connection died before COMMIT) | error
+The header (e = run) carries the run's parameters, among them ttl_s: the
+retention of every claim in seconds.
 """
 import json
 import threading

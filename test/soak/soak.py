@@ -20,11 +20,19 @@ bursts of concurrent duplicates, the way a broker redelivers messages:
     release without a failure, or stall past their lease (a zombie whose next
     checkpoint must be refused); the key is then redelivered the way a broker
     does (after the lease, or at once after a release) and the next holder
-    must resume after the last committed point.  Sweeper deletions are read
-    from a logical replication slot (wal_level = logical; without it the
-    multi-step keys are left out), because a record the sweeper removed
-    forgets its checkpoint (documented) and the checker must tell that apart
-    from a lost one.
+    must resume after the last committed point.  The sweeper gets every
+    chance to remove a checkpointed record: on top of the sweeper worker,
+    the sessions call idem_sweep() (each time in a transaction of its own)
+    right after each fault (death, rollback, release, stall), after each
+    phase a holder commits, and before each claim of a redelivery or of a
+    key a holder failed on -- such a claim comes after the failed holder's
+    lease, so that sweep finds the checkpointed record with its lease over.
+    Since 1.2 such a record is kept for its retention (the claim's --ttl,
+    1 hour by default, far longer than the run), so no holder may restart
+    from an earlier phase.  Deletions are read from a logical replication
+    slot (wal_level = logical; without it the multi-step keys are left out):
+    the checker allows a checkpointed record to be deleted only after its
+    retention ended (then the next holder starts over, as documented).
   * some deliveries carry a different fingerprint (mismatch, never executed).
   * a delivery answered in_progress is redelivered later.
 
@@ -72,6 +80,7 @@ MAX_ATTEMPTS = 200          # redeliveries of one in_progress delivery
 MULTI_POINTS = ("p1", "p2")  # recovery points of the multi-step keys; phase 3 completes
 MULTI_FAULTS = ("die", "rollback", "release", "stall")
 DELETIONS = "idem_soak_deletions"   # publication and logical slot that see every DELETE
+SWEEP_SQL = "SELECT expired_removed, stale_released, stale_failed FROM idem_sweep()"
 
 
 class ConnectionLost(Exception):
@@ -411,6 +420,34 @@ class Session(threading.Thread):
         self.record(ev)
         return ev["ok"]
 
+    def forced_sweep(self, base, why):
+        """idem_sweep() in a transaction of its own, on behalf of a multi-step
+        key (before a claim, between phases, after a fault): the sweeper gets
+        every chance to remove a checkpointed record whose lease is over."""
+        if why == "fault":
+            self.driver.faulted.add((base["tn"], base["k"]))
+        ev = dict(base, e="sweep", why=why, s=self.sid, t0=time.time())
+        try:
+            cur = self.conn.cursor()
+            cur.execute(SWEEP_SQL)
+            ev["n"] = list(cur.fetchone())
+            self.conn.commit()
+            ev["t1"] = time.time()
+            ev["ok"] = True
+            self.calls["sweep"] = self.calls.get("sweep", 0) + 1
+        except psycopg2.Error as exc:
+            ev["t1"] = time.time()
+            ev["ok"] = False
+            lost = is_connection_error(exc, self.conn)
+            ev["err"] = "conn" if lost else exc.pgcode
+            ev["msg"] = "%s: %s" % (type(exc).__name__, str(exc).strip()[:200])
+            self.record(ev)
+            if lost:
+                raise ConnectionLost() from exc
+            self.conn.rollback()
+            return
+        self.record(ev)
+
     def deliver_in_transaction(self, base, rng):
         wait = CLAIM_WAIT if rng.random() < self.args.wait_share else None
         row = self.claim(base, TX_LEASE, wait)
@@ -497,6 +534,11 @@ class Session(threading.Thread):
         in soak.steps and its checkpoint (the last one: idem_complete).  A
         fault between phases ends the holder; the key is redelivered."""
         lease_s = self.args.lease_ms / 1000.0
+        if base["a"] > 0 or (base["tn"], base["k"]) in self.driver.faulted:
+            # a redelivery, or a delivery of a key whose holder failed: it
+            # comes after the last holder's lease, so this sweep finds a
+            # checkpointed record with the lease over
+            self.forced_sweep(base, "claim")
         row = self.claim(base, "%d milliseconds" % self.args.lease_ms, None, resume=True)
         if row is None:
             self.end("rollback")
@@ -521,6 +563,7 @@ class Session(threading.Thread):
             if fault == "die":
                 self.record(dict(base, e="abandon", tok=token, s=self.sid, ph=phase,
                                  how="die", t0=time.time(), t1=time.time()))
+                self.forced_sweep(base, "fault")
                 return "redeliver", lease_left()
             if fault == "release":
                 # gives up without a failure: the next holder resumes at once
@@ -534,6 +577,9 @@ class Session(threading.Thread):
                 self.record(ev)
                 ok = ev["ok"]
                 self.end("commit" if ok else "rollback")
+                if ok:
+                    # the released record's lease is over at once: sweep it now
+                    self.forced_sweep(base, "fault")
                 return ("redeliver", 0.005) if ok else ("claimed", 0)
             if fault == "stall":
                 # a GC pause past the lease: the broker hands the message to
@@ -544,6 +590,7 @@ class Session(threading.Thread):
                 handed_on = self.handed_on = True
                 self.record(dict(base, e="abandon", tok=token, s=self.sid, ph=phase,
                                  how="stall", t0=time.time(), t1=time.time()))
+                self.forced_sweep(base, "fault")
                 time.sleep(lease_s * rng.uniform(2.0, 3.0))
             self.begin()
             _, ev = self.call(dict(base, e="step", tok=token, ph=phase),
@@ -573,9 +620,12 @@ class Session(threading.Thread):
                 self.end("rollback")
                 self.record(dict(base, e="abandon", tok=token, s=self.sid, ph=phase,
                                  how="rollback", t0=time.time(), t1=time.time()))
+                self.forced_sweep(base, "fault")
                 return "redeliver", lease_left()
             if not self.end("commit"):
                 return ("handed_on" if handed_on else "claimed"), 0
+            if phase < 3:
+                self.forced_sweep(base, "phase")     # between this phase and the next
         return ("handed_on" if handed_on else "claimed"), 0
 
 
@@ -584,6 +634,7 @@ class Driver:
         self.args = args
         self.plan = Plan(args)
         self.queue = DeliveryQueue(self.plan.order)
+        self.faulted = set()    # multi-step keys a holder failed on: their claims sweep first
         path = args.history
         if path is None:
             fd, path = tempfile.mkstemp(prefix="idem-soak-", suffix=".jsonl")
@@ -602,6 +653,10 @@ class Driver:
         cur.execute("SELECT current_setting('idempotency.stale_action', true)")
         if cur.fetchone()[0] not in (None, "release"):
             raise SystemExit("the soak needs idempotency.stale_action = release")
+        # the retention of every claim (--ttl), in seconds, for the checker:
+        # a checkpointed record may be deleted only after it
+        cur.execute("SELECT extract(epoch FROM %s::interval)::float8", (self.args.ttl,))
+        self.ttl_s = cur.fetchone()[0]
         cur.execute("CREATE SCHEMA IF NOT EXISTS soak")
         # no unique constraint on purpose: a double execution must show, not fail
         cur.execute("CREATE TABLE IF NOT EXISTS soak.payments (id bigserial PRIMARY KEY,"
@@ -636,9 +691,12 @@ class Driver:
         checkpoint is then forgotten, as documented).  Returns why not, or
         None."""
         cur.execute("SELECT current_setting('wal_level'),"
-                    " to_regprocedure('idem_checkpoint(text, text, bigint, text, jsonb)')")
+                    " to_regprocedure('idem_checkpoint(text, text, bigint, text, jsonb,"
+                    " interval)') IS NOT NULL"                                  # 1.2
+                    " OR to_regprocedure('idem_checkpoint(text, text, bigint, text, jsonb)')"
+                    " IS NOT NULL")                                             # 1.1
         wal_level, api = cur.fetchone()
-        if api is None:
+        if not api:
             return "the extension has no idem_checkpoint"
         if wal_level != "logical":
             return "wal_level is %s, not logical (sweeper deletions unobservable)" % wal_level
@@ -685,7 +743,7 @@ class Driver:
                           "keys": a.keys, "deliveries": a.deliveries,
                           "lease_ms": a.lease_ms, "seed": a.seed,
                           "tenants": self.plan.tenants, "crash_tolerant": a.crash_tolerant,
-                          "multi": self.multi})
+                          "multi": self.multi, "ttl_s": self.ttl_s})
         sessions = [Session(i, self) for i in range(a.sessions)]
         started = time.time()
         for s in sessions:
@@ -761,7 +819,10 @@ def parse_args(argv):
     p.add_argument("--tenants", type=int, default=4)
     p.add_argument("--lease-ms", type=int, default=400,
                    help="lease of two-phase claims (stalls last 2-3 leases)")
-    p.add_argument("--ttl", default="1 hour", help="retention of completed records")
+    p.add_argument("--ttl", default="1 hour",
+                   help="retention of completed records, and of checkpointed ones after"
+                   " their lease (the checker allows no deletion of a checkpointed record"
+                   " before it)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--history", help="history file (default: a new temp file)")
     p.add_argument("--tx-share", type=float, default=0.6,
@@ -796,7 +857,7 @@ def parse_args(argv):
 
 
 def print_figures(args, events, elapsed, calls):
-    idem = ("claim", "complete", "release", "fail", "heartbeat", "checkpoint")
+    idem = ("claim", "complete", "release", "fail", "heartbeat", "checkpoint", "sweep")
     n = sum(v for k, v in calls.items() if k in idem)
     claims = [e for e in events if e["e"] == "claim" and e.get("ok")]
     outcomes = {}
