@@ -21,16 +21,21 @@
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_proc.h"
 #include "executor/spi.h"
+#include "nodes/parsenodes.h"
 #include "nodes/makefuncs.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/regproc.h"
 #include "utils/rel.h"
+#include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
 #include "compat.h"
 #include "idempotency.h"
+
+PG_FUNCTION_INFO_V1(idem_current_tenant);
 
 /* pg_dist_partition.logicalrelid, its first column */
 #define DIST_PARTITION_LOGICALRELID	1
@@ -235,4 +240,112 @@ idem_citus_refuse_crashing_call(Query *parse)
 				 errdetail("Citus cannot plan a distributed function called there."),
 				 errhint("Call it directly, as in SELECT ... FROM %s(...), or in the select list of the subquery.",
 						 get_func_name(fn_oid))));
+}
+
+/*
+ * idem_current_tenant(setting text) RETURNS text
+ *
+ * The tenant that tenant isolation confines this session to: the value of
+ * the custom setting named.  The policy of a distributed idempotency_records
+ * (idem_apply_tenant_isolation) calls it instead of current_setting().  A
+ * call runs on the node that holds the tenant's shard, in a session Citus
+ * opened there; a plain SET or set_config() of the client's session never
+ * reaches it, and current_setting() would answer NULL: the tenant's own
+ * claim would end in a row-level security violation and its reads would
+ * come back empty, which looks like data loss.  So an unset (or reset,
+ * empty) setting is an error saying which ways of naming the tenant do
+ * reach that node.  On a single server the policy keeps current_setting(),
+ * where a session without a tenant simply sees nothing.
+ */
+Datum
+idem_current_tenant(PG_FUNCTION_ARGS)
+{
+	char	   *setting = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	const char *value = GetConfigOption(setting, true, false);
+
+	if (value == NULL || value[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("tenant isolation is on, but \"%s\" is not set in this session on this node",
+						setting),
+				 errdetail("On a Citus cluster a call runs on the node that holds the tenant's shard, "
+						   "which sees neither a plain SET nor set_config() of the client's session."),
+				 errhint("Name the tenant with SET LOCAL %s = '...' in the transaction block, "
+						 "with citus.propagate_set_commands = 'local', or give each tenant's role "
+						 "its tenant with ALTER ROLE ... SET %s.",
+						 setting, setting)));
+	PG_RETURN_TEXT_P(cstring_to_text(value));
+}
+
+/*
+ * The shards of a distributed idempotency_records, dropped on the
+ * coordinator before DROP EXTENSION idempotency.  Citus 13.2 removes the
+ * table's metadata when the extension drops the table but leaves every
+ * shard on the workers, records included; Citus 14 drops them itself, and
+ * then finds none.  citus_drop_all_shards() is what Citus's own drop
+ * trigger calls for a dropped distributed table.  It runs in the DROP's
+ * transaction: if the DROP fails, the shards stay.  On a worker (where
+ * Citus sends the DROP EXTENSION too) and without Citus, nothing is done.
+ */
+#define DROP_SHARDS_QUERY \
+	"SELECT pg_catalog.citus_drop_all_shards(p.logicalrelid, n.nspname, c.relname)" \
+	" FROM pg_catalog.pg_dist_partition p" \
+	" JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) p.logicalrelid" \
+	" JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace" \
+	" JOIN pg_catalog.pg_extension e ON e.extnamespace OPERATOR(pg_catalog.=) n.oid" \
+	" WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency'" \
+	" AND c.relname OPERATOR(pg_catalog.=) 'idempotency_records'" \
+	" AND (SELECT l.groupid FROM pg_catalog.pg_dist_local_group l) OPERATOR(pg_catalog.=) 0"
+
+static void
+drop_distributed_shards(void)
+{
+	bool		snapshot_pushed = false;
+	int			rc;
+
+	if (!OidIsValid(get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE)) ||
+		!OidIsValid(get_relname_relid("pg_dist_local_group", PG_CATALOG_NAMESPACE)))
+		return;
+	if (!ActiveSnapshotSet())
+	{
+		PushActiveSnapshot(GetTransactionSnapshot());
+		snapshot_pushed = true;
+	}
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	rc = SPI_execute(DROP_SHARDS_QUERY, false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "could not drop the shards of idempotency_records: %s",
+			 SPI_result_code_string(rc));
+	SPI_finish();
+	if (snapshot_pushed)
+		PopActiveSnapshot();
+}
+
+/*
+ * Called by the utility hook (readers.c) before every utility statement:
+ * a look at its node tag, unless it is a DROP EXTENSION naming this
+ * extension.
+ */
+void
+idem_citus_before_utility(Node *stmt)
+{
+	DropStmt   *drop;
+	ListCell   *lc;
+
+	if (stmt == NULL || !IsA(stmt, DropStmt))
+		return;
+	drop = (DropStmt *) stmt;
+	if (drop->removeType != OBJECT_EXTENSION)
+		return;
+	foreach(lc, drop->objects)
+	{
+		Node	   *name = lfirst(lc);
+
+		if (IsA(name, String) && strcmp(strVal(name), "idempotency") == 0)
+		{
+			drop_distributed_shards();
+			return;
+		}
+	}
 }

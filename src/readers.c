@@ -177,6 +177,7 @@ readers_process_utility(PlannedStmt *pstmt, const char *queryString,
 						ParamListInfo params, QueryEnvironment *queryEnv,
 						DestReceiver *dest, QueryCompletion *qc)
 {
+	idem_citus_before_utility(pstmt->utilityStmt);
 	if (unlikely(idem_claims_held))
 		armed_process_utility(pstmt, queryString, readOnlyTree, context,
 							  params, queryEnv, dest, qc);

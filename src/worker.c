@@ -44,6 +44,7 @@
 #include "catalog/pg_database.h"
 #include "catalog/pg_extension.h"
 #include "commands/dbcommands.h"
+#include "lib/stringinfo.h"
 #include "miscadmin.h"
 #include "nodes/pg_list.h"
 #include "pgstat.h"
@@ -399,6 +400,14 @@ database_command_waiting(void)
 }
 
 /*
+ * What list_sweep_targets() last saw of the table: its OID, whether Citus
+ * distributes it, its relfilenode and the shards listed.  After an error in
+ * a pass, a different picture means the table was distributed, rewritten,
+ * moved or dropped under the pass (table_changed_under_pass).
+ */
+static char *pass_picture = NULL;
+
+/*
  * What one pass sweeps: the records table itself (a NULL entry), or, when
  * Citus distributes it, the shards this node holds (none on a coordinator
  * without shards: the pass is then idle).  Each node's sweeper sweeps its
@@ -411,6 +420,9 @@ list_sweep_targets(MemoryContext cxt)
 	MemoryContext old;
 	List	   *targets = NIL;
 	Oid			nsp;
+	HeapTuple	tup;
+	StringInfoData picture;
+	ListCell   *lc;
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
@@ -427,6 +439,24 @@ list_sweep_targets(MemoryContext cxt)
 		targets = idem_citus_local_shards(idem_store_table());
 	else
 		targets = list_make1(NULL);
+
+	initStringInfo(&picture);
+	appendStringInfo(&picture, "%u %c", idem_store_table(),
+					 idem_store_distributed() ? 'd' : 'l');
+	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(idem_store_table()));
+	if (HeapTupleIsValid(tup))
+	{
+		appendStringInfo(&picture, " %u", ((Form_pg_class) GETSTRUCT(tup))->relfilenode);
+		ReleaseSysCache(tup);
+	}
+	foreach(lc, targets)
+	{
+		RangeVar   *shard = lfirst(lc);
+
+		if (shard != NULL)
+			appendStringInfo(&picture, " %s.%s", shard->schemaname, shard->relname);
+	}
+	pass_picture = picture.data;
 	MemoryContextSwitchTo(old);
 	idem_store_end();
 	PopActiveSnapshot();
@@ -541,6 +571,56 @@ extension_still_installed(void)
 }
 
 /*
+ * Did the table change under the pass that just failed?  idem_distribute()
+ * (the table becomes distributed and its indexes are rebuilt), a shard move
+ * or a DROP commits while a batch waits for its lock, and the batch then
+ * meets a table it did not plan for: "could not open relation with OID",
+ * or Citus refusing the plain table's statement.  Looks again, in a
+ * transaction of its own; an error while looking counts as no change.
+ */
+static bool
+table_changed_under_pass(MemoryContext cxt)
+{
+	char	   *before = pass_picture;
+	volatile bool changed = false;
+
+	if (before == NULL)
+		return false;
+	PG_TRY();
+	{
+		pass_picture = NULL;
+		(void) list_sweep_targets(cxt);
+		changed = pass_picture == NULL || strcmp(before, pass_picture) != 0;
+	}
+	PG_CATCH();
+	{
+		FlushErrorState();
+		AbortCurrentTransaction();
+	}
+	PG_END_TRY();
+	return changed;
+}
+
+/*
+ * Log an error caught earlier (copied, the error state flushed) as it
+ * would have been logged when raised.
+ */
+static void
+log_caught_error(ErrorData *edata)
+{
+	PG_TRY();
+	{
+		ThrowErrorData(edata);
+	}
+	PG_CATCH();
+	{
+		EmitErrorReport();
+		FlushErrorState();
+	}
+	PG_END_TRY();
+}
+
+/*
  * Sweep the database this worker is connected to, one pass.
  */
 static void
@@ -553,6 +633,7 @@ sweep_this_database(void)
 	TimestampTz started;
 	char	   *datname;
 	char	   *volatile error = NULL;
+	ErrorData  *volatile edata = NULL;
 	bool		installed;
 	bool		locked = false;
 	volatile bool record = true;
@@ -613,25 +694,37 @@ sweep_this_database(void)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
-
 		HOLD_INTERRUPTS();
-		EmitErrorReport();
 		MemoryContextSwitchTo(worker_context);
 		edata = CopyErrorData();
 		FlushErrorState();
 		AbortCurrentTransaction();
 		RESUME_INTERRUPTS();
-
-		error = edata->message;
 	}
 	PG_END_TRY();
 
 	error_context_stack = errcallback.previous;
 
-	/* an error caused by DROP EXTENSION in mid-pass is no sweep failure */
-	if (error != NULL && !extension_still_installed())
+	/*
+	 * An error caused by DROP EXTENSION in mid-pass is no sweep failure, nor
+	 * is one caused by the table changing under the pass: the next round
+	 * starts from the table as it is then.
+	 */
+	if (edata != NULL && !extension_still_installed())
 		record = false;
+	else if (edata != NULL && table_changed_under_pass(worker_context))
+	{
+		ereport(NOTICE,
+				(errmsg("idempotency sweeper: idempotency_records of database \"%s\" changed during the sweep; it is swept again next round",
+						datname),
+				 errdetail_internal("%s", edata->message)));
+		record = false;
+	}
+	else if (edata != NULL)
+	{
+		log_caught_error(edata);
+		error = edata->message;
+	}
 
 	idem_sweep_unlock(true);
 	if (record)
