@@ -141,12 +141,17 @@ BEGIN
     IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
         RETURN false;
     END IF;
+    -- the table found through the extension: the body names no schema
     RETURN EXISTS (SELECT FROM pg_catalog.pg_dist_partition d
-                    WHERE d.logicalrelid OPERATOR(pg_catalog.=)
-                          '@extschema@.idempotency_records'::pg_catalog.regclass)
+                     JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) d.logicalrelid
+                     JOIN pg_catalog.pg_extension e
+                       ON e.extnamespace OPERATOR(pg_catalog.=) c.relnamespace
+                    WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency'
+                      AND c.relname OPERATOR(pg_catalog.=) 'idempotency_records')
        AND (SELECT l.groupid FROM pg_catalog.pg_dist_local_group l) OPERATOR(pg_catalog.=) 0;
 END
 $fn$;
+REVOKE ALL ON FUNCTION @extschema@.idem_update_is_distributed_coordinator() FROM PUBLIC;
 
 DO $update$
 DECLARE
@@ -335,13 +340,18 @@ BEGIN
 
     -- tenant isolation switched on before: its policy now reads the tenant
     -- the way a distributed call can (2b above)
-    UPDATE @extschema@.idem_tenant_isolation SET setting = setting
-     WHERE NOT EXISTS (
-           SELECT FROM pg_catalog.pg_policy p
-            WHERE p.polrelid OPERATOR(pg_catalog.=) records
-              AND p.polname OPERATOR(pg_catalog.=) 'idem_tenant_isolation'
-              AND pg_catalog.strpos(pg_catalog.pg_get_expr(p.polqual, p.polrelid),
-                                    'idem_current_tenant') OPERATOR(pg_catalog.>) 0);
+    EXECUTE pg_catalog.format(
+        'UPDATE %I.idem_tenant_isolation SET setting = setting'
+        ' WHERE NOT EXISTS ('
+        '  SELECT FROM pg_catalog.pg_policy p'
+        '   WHERE p.polrelid OPERATOR(pg_catalog.=) $1'
+        '     AND p.polname OPERATOR(pg_catalog.=) ''idem_tenant_isolation'''
+        '     AND pg_catalog.strpos(pg_catalog.pg_get_expr(p.polqual, p.polrelid),'
+        '                           ''idem_current_tenant'') OPERATOR(pg_catalog.>) 0)',
+        (SELECT n.nspname FROM pg_catalog.pg_class c
+           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+          WHERE c.oid OPERATOR(pg_catalog.=) records))
+        USING records;
 END
 $distribute$;
 
