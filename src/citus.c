@@ -16,11 +16,14 @@
 
 #include "access/genam.h"
 #include "access/table.h"
+#include "commands/extension.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_extension.h"
 #include "catalog/pg_language.h"
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_proc.h"
 #include "executor/spi.h"
+#include "miscadmin.h"
 #include "nodes/parsenodes.h"
 #include "nodes/makefuncs.h"
 #include "utils/builtins.h"
@@ -323,19 +326,14 @@ drop_distributed_shards(void)
 }
 
 /*
- * Called by the utility hook (readers.c) before every utility statement:
- * a look at its node tag, unless it is a DROP EXTENSION naming this
- * extension.
+ * Called by the utility hook (readers.c) before every DROP statement: a
+ * DROP EXTENSION naming this extension drops the shards first.
  */
 void
-idem_citus_before_utility(Node *stmt)
+idem_citus_before_drop(DropStmt *drop)
 {
-	DropStmt   *drop;
 	ListCell   *lc;
 
-	if (stmt == NULL || !IsA(stmt, DropStmt))
-		return;
-	drop = (DropStmt *) stmt;
 	if (drop->removeType != OBJECT_EXTENSION)
 		return;
 	foreach(lc, drop->objects)
@@ -344,7 +342,12 @@ idem_citus_before_utility(Node *stmt)
 
 		if (IsA(name, String) && strcmp(strVal(name), "idempotency") == 0)
 		{
-			drop_distributed_shards();
+			Oid			ext = get_extension_oid("idempotency", true);
+
+			/* only for a role the DROP will let through: another is refused
+			 * by the DROP itself, before anything was touched */
+			if (OidIsValid(ext) && idem_extension_ownercheck(ext, GetUserId()))
+				drop_distributed_shards();
 			return;
 		}
 	}

@@ -33,6 +33,15 @@
 	pg_namespace_aclcheck(nsp, role, mode)
 #endif
 
+/* PostgreSQL 16 replaced pg_extension_ownercheck by object_ownercheck. */
+#if PG_VERSION_NUM >= 160000
+#define idem_extension_ownercheck(ext, role) \
+	object_ownercheck(ExtensionRelationId, ext, role)
+#else
+#define idem_extension_ownercheck(ext, role) \
+	pg_extension_ownercheck(ext, role)
+#endif
+
 /* PostgreSQL 16 gave stringToQualifiedNameList a soft-error context. */
 #if PG_VERSION_NUM >= 160000
 #define idem_qualified_name_list(name) stringToQualifiedNameList(name, NULL)

@@ -5,8 +5,9 @@
  * Loaded on first use (CREATE EXTENSION, a function call) the library only
  * defines its settings and installs its hooks: the planner hook (store.c)
  * and the executor and utility hooks that write held claims in time
- * (readers.c).  Each is one test of a flag until this backend holds a
- * claim or runs one of its own statements; the transaction callbacks of
+ * (readers.c).  Each is one test of a flag (the utility hook also tests
+ * for a DROP) until this backend holds a claim or runs one of its own
+ * statements; the transaction callbacks of
  * held claims are registered when the first claim is held (held.c).
  * Preloaded (shared_preload_libraries) it also reserves shared memory for
  * statistics and the last tokens, and registers the sweeper worker.

@@ -233,7 +233,7 @@ extern TransactionId idem_direct_inserter(const IdemKey *k);
 extern bool idem_citus_is_distributed(Oid table);
 extern List *idem_citus_local_shards(Oid table);
 extern void idem_citus_refuse_crashing_call(Query *parse);
-extern void idem_citus_before_utility(Node *stmt);
+extern void idem_citus_before_drop(DropStmt *drop);
 
 /* ---------- sweeping (sweep.c) ---------- */
 

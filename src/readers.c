@@ -177,7 +177,9 @@ readers_process_utility(PlannedStmt *pstmt, const char *queryString,
 						ParamListInfo params, QueryEnvironment *queryEnv,
 						DestReceiver *dest, QueryCompletion *qc)
 {
-	idem_citus_before_utility(pstmt->utilityStmt);
+	/* DROP EXTENSION idempotency drops a distributed table's shards first */
+	if (unlikely(IsA(pstmt->utilityStmt, DropStmt)))
+		idem_citus_before_drop((DropStmt *) pstmt->utilityStmt);
 	if (unlikely(idem_claims_held))
 		armed_process_utility(pstmt, queryString, readOnlyTree, context,
 							  params, queryEnv, dest, qc);
