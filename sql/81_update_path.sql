@@ -61,7 +61,9 @@ SELECT p.oid::regprocedure AS checkpoint_function,
        has_function_privilege('idem_up_app', p.oid, 'EXECUTE') AS granted,
        has_function_privilege('public', p.oid, 'EXECUTE') AS public_granted
   FROM pg_proc p WHERE p.proname = 'idem_checkpoint';
-REVOKE EXECUTE ON FUNCTION idem_checkpoint(text, text, bigint, text, jsonb, interval) FROM idem_up_app;
+-- (DROP OWNED: from PostgreSQL 17 on, a grant made by an extension script is
+-- also an initial privilege that depends on the role)
+DROP OWNED BY idem_up_app;
 DROP ROLE idem_up_app;
 SELECT idem_checkpoint('up', 'resume-me', :cp_token, 'step-2', lease => '3 hours');
 SELECT recovery_point, lease_expires_at > now() + interval '179 min' AS extended
