@@ -264,7 +264,7 @@ Datum
 idem_current_tenant(PG_FUNCTION_ARGS)
 {
 	char	   *setting = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	const char *value = GetConfigOption(setting, true, false);
+	const char *value = GetConfigOption(setting, true, true);
 
 	if (value == NULL || value[0] == '\0')
 		ereport(ERROR,

@@ -313,6 +313,11 @@ def test_roles(db):
           'operator role (application grants + EXECUTE on ' + ', '.join(ops_states) + ') can run them', ops_states)
 
     nog = db.connect('privs', 'idem_nogrant')
+    # the one function PUBLIC may execute tells a role its own settings, never
+    # one only superusers (or pg_read_all_settings) may read
+    check(sqlstate_of(nog, "SELECT public.idem_current_tenant('data_directory')") == '42501',
+          'idem_current_tenant() refuses a role a setting it may not read (42501)',
+          sqlstate_of(nog, "SELECT public.idem_current_tenant('data_directory')"))
     states = {}
     for sig in [f[0] for f in ext_functions(own)]:
         if sig.replace('public.', '') in PUBLIC_EXECUTABLE:
