@@ -424,6 +424,8 @@ list_sweep_targets(MemoryContext cxt)
 	StringInfoData picture;
 	ListCell   *lc;
 
+	/* the last picture lived in the previous round's memory, reset since */
+	pass_picture = NULL;
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	nsp = extension_schema();
