@@ -352,3 +352,67 @@ idem_citus_before_drop(DropStmt *drop)
 		}
 	}
 }
+
+/*
+ * The workers that do not answer now, as "host:port" strings (NIL when all
+ * do).  A multi-shard statement fails as a whole while one of its nodes is
+ * down (08006); a cluster sweep asks first.  Needs an SPI connection.
+ */
+List *
+idem_citus_unreachable_workers(void)
+{
+	List	   *down = NIL;
+
+	if (SPI_execute("SELECT r.nodename OPERATOR(pg_catalog.||) ':'"
+					" OPERATOR(pg_catalog.||) r.nodeport::pg_catalog.text"
+					" FROM pg_catalog.run_command_on_workers('SELECT 1') r"
+					" WHERE NOT r.success", false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not ask the workers whether they answer");
+	for (uint64 i = 0; i < SPI_processed; i++)
+		down = lappend(down, SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1));
+	return down;
+}
+
+/*
+ * Run command (a query returning one count, "%s" standing for the shard)
+ * on every placement of table, each in a transaction of its own on its
+ * node, and return the sum of the counts of the placements that answered.
+ * A node whose placements failed is reported as a WARNING, once for the
+ * nodes in *warned (which it is added to): the rest of the cluster is
+ * swept all the same.  Needs an SPI connection.
+ */
+uint64
+idem_citus_count_on_placements(Oid table, const char *command, List **warned)
+{
+	Oid			argtypes[2] = {REGCLASSOID, TEXTOID};
+	Datum		values[2] = {ObjectIdGetDatum(table), CStringGetTextDatum(command)};
+	uint64		total = 0;
+
+	if (SPI_execute_with_args("SELECT r.nodename OPERATOR(pg_catalog.||) ':'"
+							  " OPERATOR(pg_catalog.||) r.nodeport::pg_catalog.text,"
+							  " r.success, r.result"
+							  " FROM pg_catalog.run_command_on_placements($1, $2) r",
+							  2, argtypes, values, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not run a sweep statement on the placements");
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		char	   *node = SPI_getvalue(tup, desc, 1);
+		char	   *result = SPI_getvalue(tup, desc, 3);
+		bool		isnull;
+
+		if (DatumGetBool(SPI_getbinval(tup, desc, 2, &isnull)))
+			total += strtou64(result, NULL, 10);
+		else if (!list_member(*warned, makeString(node)))
+		{
+			*warned = lappend(*warned, makeString(node));
+			ereport(WARNING,
+					(errcode(ERRCODE_CONNECTION_FAILURE),
+					 errmsg("could not sweep the shards on node %s", node),
+					 errdetail("%s", result ? result : "The node gave no answer."),
+					 errhint("The node's own sweeper sweeps them once it is back; idem_sweep() can also be run again then.")));
+		}
+	}
+	return total;
+}

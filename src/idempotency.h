@@ -233,6 +233,9 @@ extern TransactionId idem_direct_inserter(const IdemKey *k);
 extern bool idem_citus_is_distributed(Oid table);
 extern List *idem_citus_local_shards(Oid table);
 extern void idem_citus_refuse_crashing_call(Query *parse);
+extern List *idem_citus_unreachable_workers(void);
+extern uint64 idem_citus_count_on_placements(Oid table, const char *command,
+											 List **warned);
 extern void idem_citus_before_drop(DropStmt *drop);
 
 /* ---------- sweeping (sweep.c) ---------- */

@@ -689,6 +689,24 @@ static const char *const checkpoint_parts[][3] = {
 	{"@HAS_POINT@", "recovery_point IS NOT NULL", "false"},
 };
 
+/* Every "from" in text replaced by "to", in a new string. */
+static char *
+replace_all(const char *text, const char *from, const char *to)
+{
+	StringInfoData out;
+	const char *at;
+
+	initStringInfo(&out);
+	while ((at = strstr(text, from)) != NULL)
+	{
+		appendBinaryStringInfo(&out, text, at - text);
+		appendStringInfoString(&out, to);
+		text = at + strlen(from);
+	}
+	appendStringInfoString(&out, text);
+	return out.data;
+}
+
 /* Replace every placeholder of checkpoint_parts in sql. */
 static char *
 expand_checkpoint_parts(const char *sql)
@@ -698,19 +716,11 @@ expand_checkpoint_parts(const char *sql)
 	for (size_t i = 0; i < lengthof(checkpoint_parts); i++)
 	{
 		const char *const *part = checkpoint_parts[i];
-		char	   *at;
+		char	   *expanded = replace_all(text, part[0],
+										   has_checkpoints ? part[1] : part[2]);
 
-		while ((at = strstr(text, part[0])) != NULL)
-		{
-			StringInfoData out;
-
-			initStringInfo(&out);
-			appendBinaryStringInfo(&out, text, at - text);
-			appendStringInfoString(&out, has_checkpoints ? part[1] : part[2]);
-			appendStringInfoString(&out, at + strlen(part[0]));
-			pfree(text);
-			text = out.data;
-		}
+		pfree(text);
+		text = expanded;
 	}
 	return text;
 }
@@ -1227,10 +1237,69 @@ idem_store_sweep_fail_stale(TimestampTz now, int batch_size)
 }
 
 /*
+ * Statement q of a cluster sweep as one placement runs it: the shard
+ * ("%s" for run_command_on_placements) in place of the table, the
+ * parameters as literals (now in UTC, ISO: no setting of the node can read
+ * it otherwise), counting the rows it swept.
+ */
+static char *
+placement_command(IdemQuery q, TimestampTz now)
+{
+	StringInfoData sql;
+	struct pg_tm tm;
+	fsec_t		fsec;
+	char		now_literal[64];
+	char	   *text;
+
+	if (timestamp2tm(now, NULL, &tm, &fsec, NULL, NULL) != 0)
+		elog(ERROR, "timestamp out of range");
+	snprintf(now_literal, sizeof(now_literal),
+			 "'%04d-%02d-%02d %02d:%02d:%02d.%06d+00'::pg_catalog.timestamptz",
+			 tm.tm_year, tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+			 (int) fsec);
+	initStringInfo(&sql);
+	appendStringInfo(&sql, statements[q].text, "%s");
+	text = expand_checkpoint_parts(sql.data);
+	text = replace_all(text, "$2",
+					   psprintf("%s::pg_catalog.jsonb",
+								quote_literal_cstr(DatumGetCString(DirectFunctionCall1(jsonb_out,
+																					   idem_stale_failure_response())))));
+	text = replace_all(text, "$1", now_literal);
+	return psprintf("WITH swept AS (%s RETURNING 1) SELECT pg_catalog.count(*) FROM swept", text);
+}
+
+/*
+ * A cluster sweep while a worker is down: each statement on every
+ * placement in a transaction of its own (not the caller's), the
+ * placements of the unreachable nodes reported, not swept.
+ */
+static uint64
+sweep_placements(TimestampTz now, bool fail_stale, uint64 *stale_released,
+				 uint64 *stale_failed)
+{
+	List	   *warned = NIL;	/* the nodes reported so far */
+
+	if (fail_stale)
+		*stale_failed = idem_citus_count_on_placements(cached_table,
+													   placement_command(Q_CLUSTER_SWEEP_FAIL_STALE, now),
+													   &warned);
+	else
+		*stale_released = idem_citus_count_on_placements(cached_table,
+														 placement_command(Q_CLUSTER_SWEEP_STALE, now),
+														 &warned);
+	return idem_citus_count_on_placements(cached_table,
+										  placement_command(Q_CLUSTER_SWEEP_TERMINAL, now),
+										  &warned);
+}
+
+/*
  * Sweep a distributed table on every shard at once: expired claims are
  * deleted (*stale_released) or, with fail_stale, turned into failed
  * records (*stale_failed); then expired completed and failed records are
- * deleted.  Returns that last number.
+ * deleted.  Returns that last number.  One statement each, in the caller's
+ * transaction; while a worker does not answer (Citus would fail such a
+ * statement as a whole), shard by shard instead, the unreachable ones
+ * reported.
  */
 uint64
 idem_store_sweep_cluster(TimestampTz now, bool fail_stale,
@@ -1238,10 +1307,12 @@ idem_store_sweep_cluster(TimestampTz now, bool fail_stale,
 {
 	Datum		values[2];
 
-	values[0] = TimestampTzGetDatum(now);
-	values[1] = idem_stale_failure_response();
 	*stale_released = 0;
 	*stale_failed = 0;
+	if (idem_citus_unreachable_workers() != NIL)
+		return sweep_placements(now, fail_stale, stale_released, stale_failed);
+	values[0] = TimestampTzGetDatum(now);
+	values[1] = idem_stale_failure_response();
 	if (fail_stale)
 		*stale_failed = store_run(Q_CLUSTER_SWEEP_FAIL_STALE, values, "  ", false, 0);
 	else
