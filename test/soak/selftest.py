@@ -214,23 +214,27 @@ FAULTS = [
     ("a zombie's checkpoint accepted", refused_checkpoint, stale_settle_accepted, "I3"),
 ]
 MULTI_FAULTS = {"I9"}
-# The resumed claims that directly follow a successful release of their key:
-# the released record's lease ended when the release committed, before the
-# claim, so a deletion planted just before the claim is after the lease.
-# (After a takeover the checker can only bound the lease's end from the
-# client's clock, which may fall after such a planted deletion.)
+# The resumed claims that directly follow a successful release of their key
+# and are its last winners: the released record's lease ended when the
+# release committed, before the claim, so a deletion planted just before the
+# claim is after the lease.  (After a takeover the checker can only bound the
+# lease's end from the client's clock, which may fall after such a planted
+# deletion.)  The last winner, because the planted restart rewrites the
+# key's checkpoints: a later holder would still show the state the history
+# handed it, from the checkpoints before the restart.
 AFTER_RELEASE = set()
 
 
 def mark_claims_after_release(events):
-    pending = set()
+    pending, last_winner = set(), {}
     for e in events[1:]:
         key = (e.get("tn"), e.get("k"))
         if e["e"] == "release" and e.get("ok"):
             pending.add(key)
-        elif e["e"] == "claim" and e.get("out") == "claimed" and key in pending:
+        elif e["e"] == "claim" and e.get("out") == "claimed":
+            last_winner[key] = (e, key in pending)
             pending.discard(key)
-            AFTER_RELEASE.add(id(e))
+    AFTER_RELEASE.update(id(e) for e, after_release in last_winner.values() if after_release)
 
 
 def resumed_after_release(e, ends, acked):
