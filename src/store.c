@@ -564,7 +564,8 @@ store_attach(Oid nsp)
 
 	key_index = idem_check_table_shape(table);
 	if (nsp != cached_schema || table != cached_table ||
-		idem_table_has_checkpoints(table) != has_checkpoints)
+		idem_table_has_checkpoints(table) != has_checkpoints ||
+		idem_citus_is_distributed(table) != table_distributed)
 		store_forget_plans();
 	has_checkpoints = idem_table_has_checkpoints(table);
 	table_distributed = idem_citus_is_distributed(table);
@@ -751,6 +752,15 @@ shard_plan(IdemQuery q)
 	return shard_plans[q];
 }
 
+/*
+ * Our statements on a table that Citus distributes are planned afresh for
+ * each call's values (custom plans), not reused.  A reused plan of a
+ * statement that runs on a shard of this node makes Citus add one more copy
+ * of that shard's plan to the reused plan at every execution, never finding
+ * the copies it made before (Citus 13.2 and 14.0), so a node's backends grew
+ * by tens of kilobytes a call without bound.  A custom plan is made and
+ * freed per call, and costs about what that copy did.
+ */
 static SPIPlanPtr
 store_plan(IdemQuery q)
 {
@@ -772,7 +782,8 @@ store_plan(IdemQuery q)
 		appendStringInfo(&sql, statements[q].text, qualified);
 		text = expand_checkpoint_parts(sql.data);
 
-		plan = SPI_prepare(text, statements[q].nargs, (Oid *) statements[q].argtypes);
+		plan = SPI_prepare_cursor(text, statements[q].nargs, (Oid *) statements[q].argtypes,
+								  table_distributed ? CURSOR_OPT_CUSTOM_PLAN : 0);
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
 				 text, SPI_result_code_string(SPI_result));
