@@ -11,6 +11,8 @@
  * before Citus sees it.  The hot path asks only idem_citus_is_distributed(),
  * once per (re)attach of the table (store.c caches the answer until the
  * table's relcache entry is invalidated, which distributing it does).
+ * Running a key's statements on its shard of this node is shard_route.c's
+ * job, and that file does call Citus's own functions.
  */
 #include "postgres.h"
 

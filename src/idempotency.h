@@ -238,6 +238,11 @@ extern uint64 idem_citus_count_on_placements(Oid table, const char *command,
 											 List **warned);
 extern void idem_citus_before_drop(DropStmt *drop);
 
+/* ---------- the tenant's shard on this node (shard_route.c) ---------- */
+
+extern Oid	idem_shard_route(Oid table, Datum tenant);
+extern void idem_shard_route_invalidate(Oid relid);
+
 /* ---------- sweeping (sweep.c) ---------- */
 
 typedef struct IdemSweepCounts

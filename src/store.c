@@ -374,6 +374,19 @@ static SPIPlanPtr plans[NUM_QUERIES];
  */
 static Oid	sweep_shard = InvalidOid;
 static SPIPlanPtr shard_plans[NUM_QUERIES];
+
+/*
+ * The plans of each shard of this node that a key's statements went to
+ * (shard_route.c), kept until the table's relcache entry is invalidated.
+ */
+typedef struct RoutedPlans
+{
+	Oid			shard;
+	SPIPlanPtr	plans[NUM_QUERIES];
+} RoutedPlans;
+static RoutedPlans *routed_plans = NULL;
+static int	routed_plans_used = 0;
+static int	routed_plans_size = 0;
 static bool relcache_callback_registered = false;
 
 static Datum stale_failure_response = (Datum) 0;
@@ -494,6 +507,7 @@ store_relcache_callback(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == cached_table)
 		table_verified = false;
+	idem_shard_route_invalidate(relid);
 }
 
 static void
@@ -526,6 +540,18 @@ function_schema(Oid fn_oid)
 }
 
 static void
+forget_routed_plans(void)
+{
+	for (int s = 0; s < routed_plans_used; s++)
+		for (int i = 0; i < NUM_QUERIES; i++)
+			if (routed_plans[s].plans[i] != NULL)
+				SPI_freeplan(routed_plans[s].plans[i]);
+	if (routed_plans != NULL)
+		memset(routed_plans, 0, sizeof(RoutedPlans) * routed_plans_size);
+	routed_plans_used = 0;
+}
+
+static void
 store_forget_plans(void)
 {
 	for (int i = 0; i < NUM_QUERIES; i++)
@@ -534,6 +560,7 @@ store_forget_plans(void)
 			SPI_freeplan(plans[i]);
 		plans[i] = NULL;
 	}
+	forget_routed_plans();
 }
 
 /*
@@ -567,6 +594,8 @@ store_attach(Oid nsp)
 		idem_table_has_checkpoints(table) != has_checkpoints ||
 		idem_citus_is_distributed(table) != table_distributed)
 		store_forget_plans();
+	else
+		forget_routed_plans();	/* the shards may have moved */
 	has_checkpoints = idem_table_has_checkpoints(table);
 	table_distributed = idem_citus_is_distributed(table);
 	table_as_made = idem_table_is_as_made(table);
@@ -726,30 +755,77 @@ expand_checkpoint_parts(const char *sql)
 	return text;
 }
 
-/* Prepare statement q on the shard that sweeps are directed to. */
+/*
+ * Prepare statement q on relation rel (the table, or one of its shards),
+ * kept past idem_store_end() when keep is set.
+ */
 static SPIPlanPtr
-shard_plan(IdemQuery q)
+prepare_statement(IdemQuery q, Oid rel, bool keep, int cursor_options)
 {
+	StringInfoData sql;
+	char	   *qualified;
+	char	   *text;
+	SPIPlanPtr	plan;
+
+	qualified = quote_qualified_identifier(get_namespace_name(get_rel_namespace(rel)),
+										   get_rel_name(rel));
+	initStringInfo(&sql);
+	appendStringInfo(&sql, statements[q].text, qualified);
+	text = expand_checkpoint_parts(sql.data);
+	plan = SPI_prepare_cursor(text, statements[q].nargs, (Oid *) statements[q].argtypes,
+							  cursor_options);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+			 text, SPI_result_code_string(SPI_result));
+	if (keep && SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	pfree(text);
+	pfree(sql.data);
+	return plan;
+}
+
+/* Statement q on the shard that sweeps are directed to. */
+static SPIPlanPtr
+sweep_shard_plan(IdemQuery q)
+{
+	Assert(q >= Q_SWEEP_ALL && q <= Q_SWEEP_FAIL_STALE);
 	if (shard_plans[q] == NULL)
-	{
-		StringInfoData sql;
-		char	   *qualified;
-		char	   *text;
-
-		qualified = quote_qualified_identifier(get_namespace_name(get_rel_namespace(sweep_shard)),
-											   get_rel_name(sweep_shard));
-
-		initStringInfo(&sql);
-		appendStringInfo(&sql, statements[q].text, qualified);
-		text = expand_checkpoint_parts(sql.data);
-		shard_plans[q] = SPI_prepare(text, statements[q].nargs, (Oid *) statements[q].argtypes);
-		if (shard_plans[q] == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 text, SPI_result_code_string(SPI_result));
-		pfree(text);
-		pfree(sql.data);
-	}
+		shard_plans[q] = prepare_statement(q, sweep_shard, false, 0);
 	return shard_plans[q];
+}
+
+/*
+ * Statement q of one key on the key's shard of this node (shard_route.c):
+ * plans kept per shard, reused as on a plain table.
+ */
+static SPIPlanPtr
+routed_plan(IdemQuery q, Oid shard)
+{
+	RoutedPlans *entry = NULL;
+
+	for (int i = 0; i < routed_plans_used; i++)
+		if (routed_plans[i].shard == shard)
+			entry = &routed_plans[i];
+	if (entry == NULL)
+	{
+		if (routed_plans_used == routed_plans_size)
+		{
+			int			size = Max(16, routed_plans_size * 2);
+
+			if (routed_plans == NULL)
+				routed_plans = MemoryContextAlloc(TopMemoryContext, sizeof(RoutedPlans) * size);
+			else
+				routed_plans = repalloc(routed_plans, sizeof(RoutedPlans) * size);
+			memset(routed_plans + routed_plans_size, 0,
+				   sizeof(RoutedPlans) * (size - routed_plans_size));
+			routed_plans_size = size;
+		}
+		entry = &routed_plans[routed_plans_used++];
+		entry->shard = shard;
+	}
+	if (entry->plans[q] == NULL)
+		entry->plans[q] = prepare_statement(q, shard, true, 0);
+	return entry->plans[q];
 }
 
 /*
@@ -759,41 +835,37 @@ shard_plan(IdemQuery q)
  * of that shard's plan to the reused plan at every execution, never finding
  * the copies it made before (Citus 13.2 and 14.0), so a node's backends grew
  * by tens of kilobytes a call without bound.  A custom plan is made and
- * freed per call, and costs about what that copy did.
+ * freed per call.  (Where the key's shard is on this node and the shortcut
+ * of shard_route.c applies, statements go to the shard instead.)
  */
 static SPIPlanPtr
-store_plan(IdemQuery q)
+table_plan(IdemQuery q)
+{
+	if (plans[q] == NULL)
+		plans[q] = prepare_statement(q, cached_table, true,
+									 table_distributed ? CURSOR_OPT_CUSTOM_PLAN : 0);
+	return plans[q];
+}
+
+/*
+ * The plan that runs statement q: on the shard a sweep is directed to; for
+ * a statement of one key (whose first parameter is the tenant) on a
+ * distributed table, on the key's shard when it is on this node; else on
+ * the table.
+ */
+static SPIPlanPtr
+store_plan(IdemQuery q, Datum *values)
 {
 	if (OidIsValid(sweep_shard))
+		return sweep_shard_plan(q);
+	if (table_distributed && q < Q_SWEEP_ALL)
 	{
-		Assert(q >= Q_SWEEP_ALL && q <= Q_SWEEP_FAIL_STALE);
-		return shard_plan(q);
-	}
-	if (plans[q] == NULL)
-	{
-		char	   *qualified;
-		char	   *text;
-		StringInfoData sql;
-		SPIPlanPtr	plan;
+		Oid			shard = idem_shard_route(cached_table, values[0]);
 
-		qualified = quote_qualified_identifier(get_namespace_name(cached_schema),
-											   "idempotency_records");
-		initStringInfo(&sql);
-		appendStringInfo(&sql, statements[q].text, qualified);
-		text = expand_checkpoint_parts(sql.data);
-
-		plan = SPI_prepare_cursor(text, statements[q].nargs, (Oid *) statements[q].argtypes,
-								  table_distributed ? CURSOR_OPT_CUSTOM_PLAN : 0);
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s",
-				 text, SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		plans[q] = plan;
-		pfree(sql.data);
-		pfree(text);
+		if (OidIsValid(shard))
+			return routed_plan(q, shard);
 	}
-	return plans[q];
+	return table_plan(q);
 }
 
 /*
@@ -805,7 +877,7 @@ static uint64
 store_run(IdemQuery q, Datum *values, const char *nulls, bool read_only,
 		  long tcount)
 {
-	SPIPlanPtr	plan = store_plan(q);
+	SPIPlanPtr	plan = store_plan(q, values);
 	int			rc;
 
 	idem_store_statement_starting = true;

@@ -32,7 +32,7 @@ LAYERS = {
     "claim": 5, "settle": 5, "lookup": 5, "sweep": 5, "child_key": 5,
     "held": 4,
     "store": 3,
-    "direct_read": 2, "citus": 2,
+    "direct_read": 2, "citus": 2, "shard_route": 2,
     "keylock": 1, "tokens": 1, "table_shape": 1, "stats": 1, "validate": 1,
     "guc": 0, "subxact": 0, "record": 0,
 }

@@ -1,0 +1,325 @@
+/*
+ * shard_route.c
+ *		The shard of this node that holds a tenant's records, for the
+ *		extension's statements to run on it directly.
+ *
+ * On a table that Citus distributes, a statement on the table is planned
+ * by Citus at every call, and on the node holding the tenant's shard it is
+ * then deparsed, parsed and planned again for that shard: most of a
+ * worker's time in a delegated call.  When the tenant's shard is on this
+ * node, store.c instead runs its statements on the shard itself, with
+ * plans it keeps per shard, doing what Citus's own local execution does
+ * around such a statement:
+ *
+ *	- it takes Citus's lock on the shard's placement metadata in share
+ *	  mode (Citus's function, LockShardDistributionMetadata), which a shard
+ *	  move or split takes in exclusive mode before it changes where the
+ *	  shard is; once held, no write of this transaction can be left behind
+ *	  on a placement that is moving away;
+ *	- it then takes in any change of the placements committed meanwhile
+ *	  and, when the shard is no longer here, gives up the shortcut;
+ *	- it marks the transaction's local execution as required, as Citus does
+ *	  when it executes on a local shard, so that Citus runs later statements
+ *	  of the transaction on this node's shards here too, seeing these rows.
+ *
+ * The shortcut is taken only where all of this is known to hold: Citus 13
+ * or 14 (the versions the tests run), the table hash-distributed by
+ * tenant_id, Citus's functions found in its library (they are exported
+ * where Citus is built for PostgreSQL 15; from 16 on, PGXS builds a module
+ * with its symbols hidden but for its SQL functions), local execution on
+ * (citus.enable_local_execution) and not switched off for this transaction,
+ * and the hash of a probe value placing it in the shard Citus names for it.
+ * Anywhere else store.c runs the statement on the table, through Citus.
+ *
+ * The map of shards is read from Citus's catalogs and kept until Citus
+ * changes them: any change of a shard or placement invalidates the
+ * distributed table's relcache entry, which store.c passes on here.
+ */
+#include "postgres.h"
+
+#include "catalog/namespace.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "storage/lmgr.h"
+#include "storage/lockdefs.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/regproc.h"
+#include "utils/typcache.h"
+
+#include "compat.h"
+#include "idempotency.h"
+
+/* Citus's LocalExecutionStatus (local_executor.h, the same in 13 and 14) */
+#define CITUS_LOCAL_EXECUTION_REQUIRED	0
+#define CITUS_LOCAL_EXECUTION_DISABLED	2
+
+typedef void (*LockShardMetadataFn) (int64 shard_id, LOCKMODE mode);
+typedef int (*LocalExecutionStatusFn) (void);
+typedef void (*SetLocalExecutionStatusFn) (int status);
+
+/* One shard of the table: its hash range, and its relation if on this node. */
+typedef struct RoutedShard
+{
+	int32		min_hash;
+	int32		max_hash;
+	int64		shard_id;
+	Oid			relation;		/* InvalidOid: the shard is on another node */
+} RoutedShard;
+
+typedef struct ShardMap
+{
+	Oid			table;			/* the distributed table it was read for */
+	bool		built;			/* false: read it again before use */
+	bool		usable;			/* every condition of the shortcut holds */
+	Oid			collation;		/* of tenant_id */
+	int			nshards;
+	RoutedShard *shards;		/* ordered by min_hash */
+} ShardMap;
+
+static ShardMap map = {InvalidOid, false, false, InvalidOid, 0, NULL};
+
+static LockShardMetadataFn lock_shard_metadata = NULL;
+static LocalExecutionStatusFn local_execution_status = NULL;
+static SetLocalExecutionStatusFn set_local_execution_status = NULL;
+
+#define SHARD_PROBE_VALUE "idempotency shard probe"
+
+/*
+ * What the shortcut needs to know about the table, in one row: Citus's
+ * version, how the table is distributed and by which column, and the shard
+ * Citus places the probe value in.
+ */
+#define TABLE_QUERY \
+	"SELECT (SELECT e.extversion FROM pg_catalog.pg_extension e" \
+	"         WHERE e.extname OPERATOR(pg_catalog.=) 'citus')," \
+	" p.partmethod::text," \
+	" pg_catalog.column_to_column_name(p.logicalrelid, p.partkey)," \
+	" pg_catalog.get_shard_id_for_distribution_column(p.logicalrelid, '" \
+	SHARD_PROBE_VALUE "'::text)" \
+	" FROM pg_catalog.pg_dist_partition p" \
+	" WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1"
+
+/* Every shard of the table, with its name where it is placed on this node. */
+#define SHARDS_QUERY \
+	"SELECT s.shardid, s.shardminvalue::int4, s.shardmaxvalue::int4," \
+	" CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_dist_placement p" \
+	"   WHERE p.shardid OPERATOR(pg_catalog.=) s.shardid" \
+	"   AND p.groupid OPERATOR(pg_catalog.=)" \
+	"       (SELECT groupid FROM pg_catalog.pg_dist_local_group))" \
+	" THEN pg_catalog.shard_name(s.logicalrelid, s.shardid, false) END" \
+	" FROM pg_catalog.pg_dist_shard s" \
+	" WHERE s.logicalrelid OPERATOR(pg_catalog.=) $1" \
+	" ORDER BY s.shardminvalue::int4"
+
+/* Citus's functions, looked up in its library once per backend. */
+static bool
+find_citus_functions(void)
+{
+	if (lock_shard_metadata == NULL)
+	{
+		lock_shard_metadata = (LockShardMetadataFn)
+			load_external_function("$libdir/citus", "LockShardDistributionMetadata",
+								   false, NULL);
+		local_execution_status = (LocalExecutionStatusFn)
+			load_external_function("$libdir/citus", "GetCurrentLocalExecutionStatus",
+								   false, NULL);
+		set_local_execution_status = (SetLocalExecutionStatusFn)
+			load_external_function("$libdir/citus", "SetLocalExecutionStatus",
+								   false, NULL);
+	}
+	return lock_shard_metadata != NULL && local_execution_status != NULL &&
+		set_local_execution_status != NULL;
+}
+
+static int32
+tenant_hash(Datum tenant)
+{
+	TypeCacheEntry *type = lookup_type_cache(TEXTOID, TYPECACHE_HASH_PROC_FINFO);
+
+	return DatumGetInt32(FunctionCall1Coll(&type->hash_proc_finfo, map.collation, tenant));
+}
+
+/* The shard whose hash range holds tenant, or NULL. */
+static RoutedShard *
+shard_of(Datum tenant)
+{
+	int32		hash = tenant_hash(tenant);
+	int			lo = 0;
+	int			hi = map.nshards - 1;
+
+	while (lo <= hi)
+	{
+		int			mid = lo + (hi - lo) / 2;
+		RoutedShard *s = &map.shards[mid];
+
+		if (hash < s->min_hash)
+			hi = mid - 1;
+		else if (hash > s->max_hash)
+			lo = mid + 1;
+		else
+			return s;
+	}
+	return NULL;
+}
+
+/* Read the table's row of TABLE_QUERY; false when the shortcut cannot apply. */
+static bool
+table_allows_routing(Oid table, int64 *probe_shard)
+{
+	Oid			argtypes[1] = {REGCLASSOID};
+	Datum		values[1] = {ObjectIdGetDatum(table)};
+	HeapTuple	row;
+	TupleDesc	desc;
+	char	   *version;
+	char	   *method;
+	char	   *column;
+	bool		isnull;
+	int			major;
+
+	if (SPI_execute_with_args(TABLE_QUERY, 1, argtypes, values, NULL, true, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		return false;
+	row = SPI_tuptable->vals[0];
+	desc = SPI_tuptable->tupdesc;
+	version = SPI_getvalue(row, desc, 1);
+	method = SPI_getvalue(row, desc, 2);
+	column = SPI_getvalue(row, desc, 3);
+	*probe_shard = DatumGetInt64(SPI_getbinval(row, desc, 4, &isnull));
+	if (version == NULL || method == NULL || column == NULL || isnull)
+		return false;
+	major = atoi(version);
+	return (major == 13 || major == 14) && strcmp(method, "h") == 0 &&
+		strcmp(column, "tenant_id") == 0;
+}
+
+static Oid
+tenant_collation(Oid table)
+{
+	Oid			type;
+	int32		typmod;
+	Oid			collation;
+
+	get_atttypetypmodcoll(table, get_attnum(table, "tenant_id"), &type, &typmod, &collation);
+	return collation;
+}
+
+/* Fill map.shards from SHARDS_QUERY, in TopMemoryContext. */
+static void
+read_shards(Oid table)
+{
+	Oid			argtypes[1] = {REGCLASSOID};
+	Datum		values[1] = {ObjectIdGetDatum(table)};
+
+	if (SPI_execute_with_args(SHARDS_QUERY, 1, argtypes, values, NULL, true, 0) != SPI_OK_SELECT)
+		return;
+	map.shards = MemoryContextAllocZero(TopMemoryContext,
+										sizeof(RoutedShard) * Max(SPI_processed, 1));
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	row = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		RoutedShard *s = &map.shards[i];
+		char	   *name = SPI_getvalue(row, desc, 4);
+		bool		isnull;
+
+		s->shard_id = DatumGetInt64(SPI_getbinval(row, desc, 1, &isnull));
+		s->min_hash = DatumGetInt32(SPI_getbinval(row, desc, 2, &isnull));
+		s->max_hash = DatumGetInt32(SPI_getbinval(row, desc, 3, &isnull));
+		s->relation = name == NULL ? InvalidOid :
+			RangeVarGetRelid(makeRangeVarFromNameList(idem_qualified_name_list(name)),
+							 NoLock, true);
+	}
+	map.nshards = (int) SPI_processed;
+}
+
+/*
+ * Read the map of table's shards again.  It is usable only if every
+ * condition in the header comment holds, the probe value's hash included.
+ */
+static void
+build_map(Oid table)
+{
+	int64		probe_shard = 0;
+	RoutedShard *probe;
+
+	if (map.shards != NULL)
+		pfree(map.shards);
+	map.shards = NULL;
+	map.nshards = 0;
+	map.table = table;
+	map.built = true;
+	map.usable = false;
+	map.collation = tenant_collation(table);
+
+	if (!find_citus_functions() || !table_allows_routing(table, &probe_shard))
+		return;
+	read_shards(table);
+	probe = shard_of(CStringGetTextDatum(SHARD_PROBE_VALUE));
+	map.usable = probe != NULL && probe->shard_id == probe_shard;
+}
+
+/* Is Citus's local execution on, and not switched off for this transaction? */
+static bool
+local_execution_allowed(void)
+{
+	const char *setting = GetConfigOption("citus.enable_local_execution", true, false);
+
+	return setting != NULL && strcmp(setting, "on") == 0 &&
+		local_execution_status() != CITUS_LOCAL_EXECUTION_DISABLED;
+}
+
+/*
+ * The shard relation on this node that holds tenant's rows of table, ready
+ * for a statement of this transaction: its placement locked as Citus locks
+ * it for a write, and local execution marked as required.  InvalidOid when
+ * the rows are on another node or the shortcut does not apply; the caller
+ * then runs the statement on the table.  The caller is connected to SPI.
+ */
+Oid
+idem_shard_route(Oid table, Datum tenant)
+{
+	/*
+	 * Take in placement changes first, so that the map and Citus's own
+	 * cache (which its lock function reads) agree on the shards.
+	 */
+	AcceptInvalidationMessages();
+	for (int attempt = 0; attempt < 2; attempt++)
+	{
+		RoutedShard *shard;
+
+		if (!map.built || map.table != table)
+			build_map(table);
+		if (!map.usable || !local_execution_allowed())
+			return InvalidOid;
+		shard = shard_of(tenant);
+		if (shard == NULL || !OidIsValid(shard->relation))
+			return InvalidOid;
+
+		lock_shard_metadata(shard->shard_id, ShareLock);
+		/* a move that committed while we waited has invalidated the map */
+		AcceptInvalidationMessages();
+		if (map.built)
+		{
+			set_local_execution_status(CITUS_LOCAL_EXECUTION_REQUIRED);
+			return shard->relation;
+		}
+	}
+	return InvalidOid;
+}
+
+/*
+ * Forget the map when the distributed table's relcache entry is
+ * invalidated (InvalidOid: every entry).  Called from store.c's relcache
+ * callback: it only marks the map, which is read again when next used.
+ */
+void
+idem_shard_route_invalidate(Oid relid)
+{
+	if (relid == InvalidOid || relid == map.table)
+		map.built = false;
+}
