@@ -283,11 +283,6 @@ local_execution_allowed(void)
 Oid
 idem_shard_route(Oid table, Datum tenant)
 {
-	/*
-	 * Take in placement changes first, so that the map and Citus's own
-	 * cache (which its lock function reads) agree on the shards.
-	 */
-	AcceptInvalidationMessages();
 	for (int attempt = 0; attempt < 2; attempt++)
 	{
 		RoutedShard *shard;
@@ -295,6 +290,16 @@ idem_shard_route(Oid table, Datum tenant)
 		if (!map.built || map.table != table)
 			build_map(table);
 		if (!map.usable || !local_execution_allowed())
+			return InvalidOid;
+
+		/*
+		 * Take in placement changes first, so that the map and Citus's own
+		 * cache (which its lock function reads) agree on the shards.
+		 */
+		AcceptInvalidationMessages();
+		if (!map.built)
+			build_map(table);
+		if (!map.usable)
 			return InvalidOid;
 		shard = shard_of(tenant);
 		if (shard == NULL || !OidIsValid(shard->relation))

@@ -571,6 +571,8 @@ store_attach(Oid nsp)
 {
 	Oid			table;
 	Oid			key_index;
+	bool		checkpoints;
+	bool		distributed;
 
 	if (nsp == cached_schema && table_verified)
 		return;
@@ -590,14 +592,15 @@ store_attach(Oid nsp)
 				 errhint("Drop and create the idempotency extension again.")));
 
 	key_index = idem_check_table_shape(table);
+	checkpoints = idem_table_has_checkpoints(table);
+	distributed = idem_citus_is_distributed(table);
 	if (nsp != cached_schema || table != cached_table ||
-		idem_table_has_checkpoints(table) != has_checkpoints ||
-		idem_citus_is_distributed(table) != table_distributed)
+		checkpoints != has_checkpoints || distributed != table_distributed)
 		store_forget_plans();
 	else
 		forget_routed_plans();	/* the shards may have moved */
-	has_checkpoints = idem_table_has_checkpoints(table);
-	table_distributed = idem_citus_is_distributed(table);
+	has_checkpoints = checkpoints;
+	table_distributed = distributed;
 	table_as_made = idem_table_is_as_made(table);
 	idem_direct_read_attach(table, key_index, table_distributed);
 	cached_schema = nsp;
