@@ -51,7 +51,7 @@ else
 	# uses its own, so stop the one it started (pg_ctlcluster NN main start
 	# brings it back)
 	if [[ " ${missing[*]} " == *" postgresql-$PG_MAJOR "* ]] && command -v pg_lsclusters >/dev/null &&
-		pg_lsclusters -h 2>/dev/null | grep -q "^$PG_MAJOR *main .* online"; then
+		grep -q "^$PG_MAJOR *main .* online" <<<"$(pg_lsclusters -h 2>/dev/null)"; then
 		pg_ctlcluster "$PG_MAJOR" main stop || true
 		echo "packages: stopped the cluster $PG_MAJOR/main that installing postgresql-$PG_MAJOR started"
 	fi
