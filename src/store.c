@@ -23,6 +23,7 @@
 #include "utils/guc.h"
 #include "optimizer/cost.h"
 #include "optimizer/planner.h"
+#include "storage/lmgr.h"
 #include "lib/stringinfo.h"
 #include "utils/builtins.h"
 #include "utils/inval.h"
@@ -564,6 +565,35 @@ store_forget_plans(void)
 }
 
 /*
+ * The records table in schema nsp (InvalidOid: none), locked in
+ * AccessShareLock before anything about it is read, as PostgreSQL opens a
+ * relation before reading its description.  An ALTER TABLE running on it
+ * (idem_distribute() changes tenant_id's collation, which rebuilds the
+ * indexes under new OIDs) has then ended, and what it changed is taken in:
+ * read before the lock, the key index could be one the ALTER has dropped
+ * meanwhile.  The name is looked up again after the lock, in case the
+ * table was dropped or replaced while the lock was awaited.
+ */
+static Oid
+lock_records_table(Oid nsp)
+{
+	Oid			table = get_relname_relid("idempotency_records", nsp);
+
+	while (OidIsValid(table))
+	{
+		Oid			again;
+
+		LockRelationOid(table, AccessShareLock);
+		again = get_relname_relid("idempotency_records", nsp);
+		if (again == table)
+			break;
+		UnlockRelationOid(table, AccessShareLock);
+		table = again;
+	}
+	return table;
+}
+
+/*
  * Point the cache at the records table in schema nsp.
  */
 static void
@@ -583,7 +613,7 @@ store_attach(Oid nsp)
 		relcache_callback_registered = true;
 	}
 
-	table = get_relname_relid("idempotency_records", nsp);
+	table = lock_records_table(nsp);
 	if (!OidIsValid(table))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_TABLE),
