@@ -49,4 +49,11 @@
 #define idem_qualified_name_list(name) stringToQualifiedNameList(name)
 #endif
 
+/* PostgreSQL 17 gave LockHeldByMe an "or a stronger mode" argument. */
+#if PG_VERSION_NUM >= 170000
+#define idem_lock_held_by_me(tag, mode) LockHeldByMe(tag, mode, false)
+#else
+#define idem_lock_held_by_me(tag, mode) LockHeldByMe(tag, mode)
+#endif
+
 #endif							/* IDEM_COMPAT_H */

@@ -12,24 +12,37 @@
  * around such a statement:
  *
  *	- it takes Citus's lock on the shard's placement metadata in share
- *	  mode (Citus's function, LockShardDistributionMetadata), which a shard
- *	  move or split takes in exclusive mode before it changes where the
- *	  shard is; once held, no write of this transaction can be left behind
- *	  on a placement that is moving away;
+ *	  mode, which a shard move or split takes in exclusive mode before it
+ *	  changes where the shard is; once held, no write of this transaction
+ *	  can be left behind on a placement that is moving away;
  *	- it then takes in any change of the placements committed meanwhile
  *	  and, when the shard is no longer here, gives up the shortcut;
- *	- it marks the transaction's local execution as required, as Citus does
- *	  when it executes on a local shard, so that Citus runs later statements
- *	  of the transaction on this node's shards here too, seeing these rows.
+ *	- it makes sure the transaction's local execution is required, as Citus
+ *	  does when it executes on a local shard, so that Citus runs later
+ *	  statements of the transaction on this node's shards here too, seeing
+ *	  these rows; and that it was not switched off before (when Citus has
+ *	  reached this node through a connection in this transaction, the rows
+ *	  that connection wrote are not ours to see).
+ *
+ * The lock is an advisory lock whose tag Citus 13 and 14 build from the
+ * table's colocation group and the shard's index in it (resource_lock.h,
+ * SetLocktagForShardDistributionMetadata); it is built here the same way.
+ * Where Citus's library exports its functions for the transaction's
+ * local execution status (Citus built for PostgreSQL 15), they are called.
+ * From PostgreSQL 16 on PGXS builds a module with its symbols hidden but
+ * for its SQL functions, so the status cannot be read or set: instead,
+ * once per transaction and shard, a statement that reads nothing from the
+ * tenant's shard is run through Citus.  Citus executes it here, marking
+ * local execution as required, exactly when local execution is allowed;
+ * and only then does this backend hold a lock on the shard relation.  The
+ * lock is the proof: without it the shortcut is not taken.
  *
  * The shortcut is taken only where all of this is known to hold: Citus 13
  * or 14 (the versions the tests run), the table hash-distributed by
- * tenant_id, Citus's functions found in its library (they are exported
- * where Citus is built for PostgreSQL 15; from 16 on, PGXS builds a module
- * with its symbols hidden but for its SQL functions), local execution on
- * (citus.enable_local_execution) and not switched off for this transaction,
- * and the hash of a probe value placing it in the shard Citus names for it.
- * Anywhere else store.c runs the statement on the table, through Citus.
+ * tenant_id, local execution on (citus.enable_local_execution) and not
+ * switched off for this transaction, and the hash of a probe value placing
+ * it in the shard Citus names for it.  Anywhere else store.c runs the
+ * statement on the table, through Citus.
  *
  * The map of shards is read from Citus's catalogs and kept until Citus
  * changes them: any change of a shard or placement invalidates the
@@ -42,6 +55,7 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "storage/lmgr.h"
+#include "storage/lock.h"
 #include "storage/lockdefs.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
@@ -58,7 +72,14 @@
 #define CITUS_LOCAL_EXECUTION_REQUIRED	0
 #define CITUS_LOCAL_EXECUTION_DISABLED	2
 
-typedef void (*LockShardMetadataFn) (int64 shard_id, LOCKMODE mode);
+/*
+ * The classes of Citus's advisory locks on a shard's placement metadata
+ * (AdvisoryLocktagClass in resource_lock.h, the same in 13 and 14): by
+ * shard, and by colocation group and shard index.
+ */
+#define CITUS_LOCKTAG_SHARD_METADATA			4
+#define CITUS_LOCKTAG_COLOCATED_SHARDS_METADATA	8
+
 typedef int (*LocalExecutionStatusFn) (void);
 typedef void (*SetLocalExecutionStatusFn) (int status);
 
@@ -68,6 +89,7 @@ typedef struct RoutedShard
 	int32		min_hash;
 	int32		max_hash;
 	int64		shard_id;
+	uint32		index;			/* in the table's shards, ordered by hash */
 	Oid			relation;		/* InvalidOid: the shard is on another node */
 } RoutedShard;
 
@@ -77,13 +99,14 @@ typedef struct ShardMap
 	bool		built;			/* false: read it again before use */
 	bool		usable;			/* every condition of the shortcut holds */
 	Oid			collation;		/* of tenant_id */
+	uint32		colocation_id;
+	bool		status_exported;	/* Citus's status functions were found */
 	int			nshards;
 	RoutedShard *shards;		/* ordered by min_hash */
 } ShardMap;
 
-static ShardMap map = {InvalidOid, false, false, InvalidOid, 0, NULL};
+static ShardMap map = {InvalidOid, false, false, InvalidOid, 0, false, 0, NULL};
 
-static LockShardMetadataFn lock_shard_metadata = NULL;
 static LocalExecutionStatusFn local_execution_status = NULL;
 static SetLocalExecutionStatusFn set_local_execution_status = NULL;
 
@@ -91,8 +114,8 @@ static SetLocalExecutionStatusFn set_local_execution_status = NULL;
 
 /*
  * What the shortcut needs to know about the table, in one row: Citus's
- * version, how the table is distributed and by which column, and the shard
- * Citus places the probe value in.
+ * version, how the table is distributed and by which column, the shard
+ * Citus places the probe value in, and the table's colocation group.
  */
 #define TABLE_QUERY \
 	"SELECT (SELECT e.extversion FROM pg_catalog.pg_extension e" \
@@ -100,7 +123,8 @@ static SetLocalExecutionStatusFn set_local_execution_status = NULL;
 	" p.partmethod::text," \
 	" pg_catalog.column_to_column_name(p.logicalrelid, p.partkey)," \
 	" pg_catalog.get_shard_id_for_distribution_column(p.logicalrelid, '" \
-	SHARD_PROBE_VALUE "'::text)" \
+	SHARD_PROBE_VALUE "'::text)," \
+	" p.colocationid" \
 	" FROM pg_catalog.pg_dist_partition p" \
 	" WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1"
 
@@ -116,15 +140,15 @@ static SetLocalExecutionStatusFn set_local_execution_status = NULL;
 	" WHERE s.logicalrelid OPERATOR(pg_catalog.=) $1" \
 	" ORDER BY s.shardminvalue::int4"
 
-/* Citus's functions, looked up in its library once per backend. */
+/*
+ * Citus's functions for the local execution status, looked up in its
+ * library when the map is read; false where Citus does not export them.
+ */
 static bool
-find_citus_functions(void)
+find_status_functions(void)
 {
-	if (lock_shard_metadata == NULL)
+	if (local_execution_status == NULL || set_local_execution_status == NULL)
 	{
-		lock_shard_metadata = (LockShardMetadataFn)
-			load_external_function("$libdir/citus", "LockShardDistributionMetadata",
-								   false, NULL);
 		local_execution_status = (LocalExecutionStatusFn)
 			load_external_function("$libdir/citus", "GetCurrentLocalExecutionStatus",
 								   false, NULL);
@@ -132,8 +156,7 @@ find_citus_functions(void)
 			load_external_function("$libdir/citus", "SetLocalExecutionStatus",
 								   false, NULL);
 	}
-	return lock_shard_metadata != NULL && local_execution_status != NULL &&
-		set_local_execution_status != NULL;
+	return local_execution_status != NULL && set_local_execution_status != NULL;
 }
 
 static int32
@@ -192,6 +215,9 @@ table_allows_routing(Oid table, int64 *probe_shard)
 	*probe_shard = DatumGetInt64(SPI_getbinval(row, desc, 4, &isnull));
 	if (version == NULL || method == NULL || column == NULL || isnull)
 		return false;
+	map.colocation_id = DatumGetUInt32(SPI_getbinval(row, desc, 5, &isnull));
+	if (isnull)
+		return false;
 	major = atoi(version);
 	return (major == 13 || major == 14) && strcmp(method, "h") == 0 &&
 		strcmp(column, "tenant_id") == 0;
@@ -227,6 +253,7 @@ read_shards(Oid table)
 		char	   *name = SPI_getvalue(row, desc, 4);
 		bool		isnull;
 
+		s->index = (uint32) i;
 		s->shard_id = DatumGetInt64(SPI_getbinval(row, desc, 1, &isnull));
 		s->min_hash = DatumGetInt32(SPI_getbinval(row, desc, 2, &isnull));
 		s->max_hash = DatumGetInt32(SPI_getbinval(row, desc, 3, &isnull));
@@ -255,28 +282,102 @@ build_map(Oid table)
 	map.built = true;
 	map.usable = false;
 	map.collation = tenant_collation(table);
+	map.status_exported = find_status_functions();
 
-	if (!find_citus_functions() || !table_allows_routing(table, &probe_shard))
+	if (!table_allows_routing(table, &probe_shard))
 		return;
 	read_shards(table);
 	probe = shard_of(CStringGetTextDatum(SHARD_PROBE_VALUE));
 	map.usable = probe != NULL && probe->shard_id == probe_shard;
 }
 
-/* Is Citus's local execution on, and not switched off for this transaction? */
+/*
+ * Is Citus's local execution on, and (where Citus lets us read it) not
+ * switched off for this transaction?
+ */
 static bool
 local_execution_allowed(void)
 {
 	const char *setting = GetConfigOption("citus.enable_local_execution", true, false);
 
-	return setting != NULL && strcmp(setting, "on") == 0 &&
+	if (setting == NULL || strcmp(setting, "on") != 0)
+		return false;
+	return !map.status_exported ||
 		local_execution_status() != CITUS_LOCAL_EXECUTION_DISABLED;
+}
+
+/*
+ * Take Citus's lock on the shard's placement metadata, with the tag Citus
+ * gives it: by colocation group and shard index for a hash-distributed
+ * table in a colocation group, else by shard.
+ */
+static void
+lock_placement_metadata(RoutedShard *shard, LOCKMODE mode)
+{
+	LOCKTAG		tag;
+
+	if (map.colocation_id != 0)
+		SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, shard->index, map.colocation_id,
+							 CITUS_LOCKTAG_COLOCATED_SHARDS_METADATA);
+	else
+		SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (shard->shard_id >> 32),
+							 (uint32) shard->shard_id, CITUS_LOCKTAG_SHARD_METADATA);
+	(void) LockAcquire(&tag, mode, false, false);
+}
+
+static bool
+shard_read_locked_by_me(Oid relation)
+{
+	LOCKTAG		tag;
+
+	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relation);
+	return idem_lock_held_by_me(&tag, AccessShareLock);
+}
+
+/*
+ * Have Citus execute, through its own planner and executor, a statement
+ * that reads nothing from tenant's shard, unless this transaction already
+ * read the shard here.  True when this backend then holds a lock on the
+ * shard relation: Citus executed the statement here (which marks local
+ * execution as required), not through a connection to this node (which it
+ * does when local execution was switched off for the transaction).  The
+ * tenant is written into the statement as a literal, which lets Citus plan
+ * the shard's statement directly instead of deparsing and parsing it.
+ */
+static bool
+local_execution_required_through_citus(Oid table, RoutedShard *shard, Datum tenant)
+{
+	char	   *sql;
+
+	if (shard_read_locked_by_me(shard->relation))
+		return true;
+	sql = psprintf("SELECT FROM %s WHERE tenant_id OPERATOR(pg_catalog.=) %s AND false",
+				   quote_qualified_identifier(get_namespace_name(get_rel_namespace(table)),
+											  get_rel_name(table)),
+				   quote_literal_cstr(TextDatumGetCString(tenant)));
+	if (SPI_execute(sql, true, 0) != SPI_OK_SELECT)
+		elog(ERROR, "SPI_execute failed for \"%s\"", sql);
+	pfree(sql);
+	return shard_read_locked_by_me(shard->relation);
+}
+
+/*
+ * Make sure Citus's local execution is required for the rest of this
+ * transaction; false when it cannot be (it was switched off).
+ */
+static bool
+require_local_execution(Oid table, RoutedShard *shard, Datum tenant)
+{
+	if (!map.status_exported)
+		return local_execution_required_through_citus(table, shard, tenant);
+	set_local_execution_status(CITUS_LOCAL_EXECUTION_REQUIRED);
+	return true;
 }
 
 /*
  * The shard relation on this node that holds tenant's rows of table, ready
  * for a statement of this transaction: its placement locked as Citus locks
- * it for a write, and local execution marked as required.  InvalidOid when
+ * it for a write, and local execution required.  InvalidOid when
  * the rows are on another node or the shortcut does not apply; the caller
  * then runs the statement on the table.  The caller is connected to SPI.
  */
@@ -305,14 +406,12 @@ idem_shard_route(Oid table, Datum tenant)
 		if (shard == NULL || !OidIsValid(shard->relation))
 			return InvalidOid;
 
-		lock_shard_metadata(shard->shard_id, ShareLock);
+		lock_placement_metadata(shard, ShareLock);
 		/* a move that committed while we waited has invalidated the map */
 		AcceptInvalidationMessages();
 		if (map.built)
-		{
-			set_local_execution_status(CITUS_LOCAL_EXECUTION_REQUIRED);
-			return shard->relation;
-		}
+			return require_local_execution(table, shard, tenant) ?
+				shard->relation : InvalidOid;
 	}
 	return InvalidOid;
 }
