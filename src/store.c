@@ -572,7 +572,10 @@ store_forget_plans(void)
  * indexes under new OIDs) has then ended, and what it changed is taken in:
  * read before the lock, the key index could be one the ALTER has dropped
  * meanwhile.  The name is looked up again after the lock, in case the
- * table was dropped or replaced while the lock was awaited.
+ * table was dropped or replaced while the lock was awaited.  (Not
+ * RangeVarGetRelid, which does the same but also checks USAGE on the
+ * schema, here, ahead of the checks that decide what a role without it
+ * meets: held.c's and direct_read.c's, and the statements' own.)
  */
 static Oid
 lock_records_table(Oid nsp)
