@@ -31,11 +31,15 @@
  * local execution status (Citus built for PostgreSQL 15), they are called.
  * From PostgreSQL 16 on PGXS builds a module with its symbols hidden but
  * for its SQL functions, so the status cannot be read or set: instead,
- * once per transaction and shard, a statement that reads nothing from the
- * tenant's shard is run through Citus.  Citus executes it here, marking
- * local execution as required, exactly when local execution is allowed;
- * and only then does this backend hold a lock on the shard relation.  The
- * lock is the proof: without it the shortcut is not taken.
+ * once per transaction, a statement that reads nothing from the tenant's
+ * shard is run through Citus.  Citus executes it here, marking local
+ * execution as required, exactly when local execution is allowed; and only
+ * then does this backend take a lock on the shard relation.  Taking that
+ * lock is the proof: a lock the backend held before proves nothing (a
+ * query may have named the shard table itself), and without the proof the
+ * shortcut is not taken.  The status then lasts until the transaction
+ * ends, a rolled-back subtransaction included, so one proof serves every
+ * shard of the transaction.
  *
  * The shortcut is taken only where all of this is known to hold: Citus 13
  * or 14 (the versions the tests run), the table hash-distributed by
@@ -50,6 +54,7 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -109,6 +114,10 @@ static ShardMap map = {InvalidOid, false, false, InvalidOid, 0, false, 0, NULL};
 
 static LocalExecutionStatusFn local_execution_status = NULL;
 static SetLocalExecutionStatusFn set_local_execution_status = NULL;
+
+/* A read of nothing proved local execution required in this transaction. */
+static bool local_execution_proven = false;
+static bool xact_callback_registered = false;
 
 #define SHARD_PROBE_VALUE "idempotency shard probe"
 
@@ -334,23 +343,50 @@ shard_read_locked_by_me(Oid relation)
 	return idem_lock_held_by_me(&tag, AccessShareLock);
 }
 
+/* Citus resets the local execution status when the transaction ends. */
+static void
+forget_proof(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			local_execution_proven = false;
+			break;
+		default:
+			break;
+	}
+}
+
 /*
  * Have Citus execute, through its own planner and executor, a statement
- * that reads nothing from tenant's shard, unless this transaction already
- * read the shard here.  True when this backend then holds a lock on the
- * shard relation: Citus executed the statement here (which marks local
- * execution as required), not through a connection to this node (which it
- * does when local execution was switched off for the transaction).  The
- * tenant is written into the statement as a literal, which lets Citus plan
- * the shard's statement directly instead of deparsing and parsing it.
+ * that reads nothing from tenant's shard, unless that proved local
+ * execution required earlier in this transaction.  True when running it
+ * made this backend lock the shard relation: Citus executed the statement
+ * here (which marks local execution as required), not through a
+ * connection to this node (which it does when local execution was switched
+ * off for the transaction).  When the backend held that lock already, the
+ * statement cannot show which way Citus went, and the answer is false.
+ * The tenant is written into the statement as a literal, which lets Citus
+ * plan the shard's statement directly instead of deparsing and parsing it.
  */
 static bool
 local_execution_required_through_citus(Oid table, RoutedShard *shard, Datum tenant)
 {
 	char	   *sql;
 
-	if (shard_read_locked_by_me(shard->relation))
+	if (local_execution_proven)
 		return true;
+	if (shard_read_locked_by_me(shard->relation))
+		return false;
+	if (!xact_callback_registered)
+	{
+		RegisterXactCallback(forget_proof, NULL);
+		xact_callback_registered = true;
+	}
 	sql = psprintf("SELECT FROM %s WHERE tenant_id OPERATOR(pg_catalog.=) %s AND false",
 				   quote_qualified_identifier(get_namespace_name(get_rel_namespace(table)),
 											  get_rel_name(table)),
@@ -358,7 +394,8 @@ local_execution_required_through_citus(Oid table, RoutedShard *shard, Datum tena
 	if (SPI_execute(sql, true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "SPI_execute failed for \"%s\"", sql);
 	pfree(sql);
-	return shard_read_locked_by_me(shard->relation);
+	local_execution_proven = shard_read_locked_by_me(shard->relation);
+	return local_execution_proven;
 }
 
 /*
