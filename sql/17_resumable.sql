@@ -109,8 +109,15 @@ SELECT idem_checkpoint('r', 'waiting', :b, 'step-1');
 SELECT idem_complete('r', 'done', token, '{}') FROM idem_claim('r', 'done');
 SELECT idem_release('r', 'bad', token, '{"e": 1}') FROM idem_claim('r', 'bad');
 SELECT pg_sleep(0.05);
-SELECT state, records, oldest_updated_at <= now() AS has_age,
-       next_expires_at > now() AS next_expiry_ahead
-  FROM idem_record_states();
+-- one record per state: the oldest update and the next expiry are its own
+SELECT s.state, s.records,
+       s.oldest_updated_at = r.updated_at AS oldest_is_its_update,
+       s.next_expires_at = r.expires_at AS next_is_its_expiry,
+       s.next_expires_at > now() AS next_expiry_ahead
+  FROM idem_record_states() s
+  JOIN idempotency_records r
+    ON r.key = CASE s.state WHEN 'processing' THEN 'live' WHEN 'resumable' THEN 'waiting'
+                            WHEN 'completed' THEN 'done' WHEN 'failed' THEN 'bad' END
+ ORDER BY s.state;
 
 TRUNCATE idempotency_records;
