@@ -18,6 +18,7 @@
  *	3 store.c		every SQL statement on idempotency_records (SPI)
  *	2 direct_read.c	a record read by primary key without SPI (the replay fast path)
  *	2 citus.c		whether the table is distributed, and this node's shards
+ *	2 shard_route.c	the tenant's shard on this node, for store.c's statements
  *	1 keylock.c		the per-key advisory lock that makes in_progress non-blocking
  *	1 tokens.c		fencing tokens that never go backwards
  *	1 table_shape.c	refusing a records table whose shape changed; is it as made?
@@ -191,8 +192,7 @@ extern bool idem_store_extend_lease(const IdemKey *k, int64 token,
 extern bool idem_store_forget(const IdemKey *k);
 
 /* the table's shape (table_shape.c) */
-extern Oid	idem_check_table_shape(Oid table);
-extern bool idem_table_has_checkpoints(Oid table);
+extern Oid	idem_check_table_shape(Oid table, bool *has_checkpoints);
 extern bool idem_table_is_as_made(Oid table);
 extern Oid	idem_table_owner(Oid table);
 extern void idem_check_result_shape(Oid table, TupleDesc desc,

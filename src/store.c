@@ -624,8 +624,7 @@ store_attach(Oid nsp)
 						get_namespace_name(nsp)),
 				 errhint("Drop and create the idempotency extension again.")));
 
-	key_index = idem_check_table_shape(table);
-	checkpoints = idem_table_has_checkpoints(table);
+	key_index = idem_check_table_shape(table, &checkpoints);
 	distributed = idem_citus_is_distributed(table);
 	if (nsp != cached_schema || table != cached_table ||
 		checkpoints != has_checkpoints || distributed != table_distributed)

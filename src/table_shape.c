@@ -141,8 +141,8 @@ check_column(Oid table, const ExpectedColumn *c, bool required)
  * Has the table the recovery point columns?  Not while the 1.0 objects are
  * installed; one without the other is a changed table.
  */
-bool
-idem_table_has_checkpoints(Oid table)
+static bool
+table_has_checkpoints(Oid table)
 {
 	bool		point = check_column(table, &checkpoint_columns[0], false);
 	bool		state = check_column(table, &checkpoint_columns[1], false);
@@ -156,14 +156,15 @@ idem_table_has_checkpoints(Oid table)
 
 /*
  * Check the columns and the key index of the records table; returns the
- * key index.
+ * key index, and in *has_checkpoints whether the recovery point columns
+ * are there.
  */
 Oid
-idem_check_table_shape(Oid table)
+idem_check_table_shape(Oid table, bool *has_checkpoints)
 {
 	for (size_t i = 0; i < lengthof(expected_columns); i++)
 		(void) check_column(table, &expected_columns[i], true);
-	(void) idem_table_has_checkpoints(table);
+	*has_checkpoints = table_has_checkpoints(table);
 	return check_key_index(table);
 }
 
