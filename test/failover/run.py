@@ -25,10 +25,8 @@ sessions whose COMMIT is held open by a deferred trigger.
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
-import threading
 import time
 
 import psycopg2
@@ -36,6 +34,7 @@ import psycopg2
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checker   # noqa: E402
 import workload  # noqa: E402
+from commit_faults import Killer, start_pgbouncer   # noqa: E402
 from proxy import Proxy   # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -349,34 +348,6 @@ def proxy_port(args):
 
 # ---------------------------------------------------------------- lost commits
 
-class Killer(threading.Thread):
-    """Terminates sessions whose COMMIT is in flight (held open by the
-    deferred trigger), about one in `every` sightings."""
-
-    def __init__(self, port, seed, every=3):
-        super().__init__(daemon=True)
-        self.port = port
-        self.rng = random.Random(seed)
-        self.every = every
-        self.stop_flag = False
-        self.terminated = 0
-
-    def run(self):
-        conn = psycopg2.connect(dsn(self.port))
-        conn.autocommit = True
-        cur = conn.cursor()
-        while not self.stop_flag:
-            cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = 'app' AND state = 'active' "
-                        "AND query = 'COMMIT' AND pid <> pg_backend_pid()")
-            for (pid,) in cur.fetchall():
-                if self.rng.randrange(self.every) == 0:
-                    cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                    if cur.fetchone()[0]:
-                        self.terminated += 1
-            time.sleep(0.002)
-        conn.close()
-
-
 def lost_commit(args):
     root = args.dir
     server = Server(root, "server", args.port_base)
@@ -394,32 +365,7 @@ def lost_commit(args):
         conn.cursor().execute(workload.SETUP_SQL + workload.COMMIT_WINDOW_SQL)
         conn.close()
 
-        with open(os.path.join(root, "userlist.txt"), "w") as f:
-            f.write('"postgres" ""\n')
-        with open(os.path.join(root, "pgbouncer.ini"), "w") as f:
-            f.write("""[databases]
-app = host=127.0.0.1 port=%d dbname=app
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = %d
-unix_socket_dir =
-auth_type = trust
-auth_file = %s/userlist.txt
-pool_mode = transaction
-default_pool_size = 6
-max_client_conn = 200
-query_wait_timeout = 30
-logfile = %s/pgbouncer.log
-""" % (server.port, bouncer_port, root, root))
-        bouncer = subprocess.Popen(["/usr/sbin/pgbouncer", os.path.join(root, "pgbouncer.ini")],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        end = time.time() + 10
-        while time.time() < end:
-            try:
-                psycopg2.connect(dsn(bouncer_port)).close()
-                break
-            except psycopg2.Error:
-                time.sleep(0.1)
+        bouncer = start_pgbouncer(root, bouncer_port, server.port)
 
         for phase, target, seed in (("direct", server.port, args.seed),
                                     ("pgbouncer", bouncer_port, args.seed + 100)):
