@@ -83,7 +83,7 @@ class CountedNode:
 
     def exited(self, since):
         """The files, not in since, of the processes that have exited
-        (callgrind opens a process's file when the process starts)."""
+        (a live process may have its file already, without its totals)."""
         return sorted(f for f in self.files() - since
                       if not os.path.exists(f"/proc/{f.rsplit('.', 1)[-1]}"))
 
@@ -106,8 +106,8 @@ def exited_since(nodes, before, timeout=300, expect_any=True):
     last, same = None, 0
     while True:
         new = {n.name: n.exited(before[n.name]) for n in nodes}
-        counts = {name: [instructions(os.path.join(n.outdir, f)) for f in new[name]]
-                  for n in nodes for name in [n.name]}
+        counts = {n.name: [instructions(os.path.join(n.outdir, f)) for f in new[n.name]]
+                  for n in nodes}
         complete = all(c is not None for cs in counts.values() for c in cs)
         key = tuple(len(v) for v in new.values())
         same = same + 1 if key == last and complete and (any(key) or not expect_any) else 0
