@@ -22,6 +22,8 @@ import datetime
 import io
 import json
 import re
+import threading
+import time
 
 import psycopg2
 import psycopg2.extensions
@@ -115,6 +117,25 @@ ALTERATIONS = {
     'alt_rule': "CREATE RULE alt_rule AS ON INSERT TO idempotency_records DO ALSO "
                 "INSERT INTO audit (what, info) VALUES ('rule', NEW.key || ' ' || NEW.status)",
     'alt_child': 'CREATE TABLE alt_child () INHERITS (idempotency_records)',
+    # issue 34 (shapes inherited, owner_rights, settle_no_rights): a child
+    # holding records, a parent; a non-superuser owner lacking USAGE on the
+    # schema or its own rights; an application role without UPDATE or DELETE
+    'alt_archive': 'CREATE TABLE alt_archive () INHERITS (idempotency_records)',
+    'alt_parent': 'CREATE TABLE alt_parent (LIKE idempotency_records); '
+                  'ALTER TABLE idempotency_records INHERIT alt_parent',
+    'own_owner': 'ALTER TABLE idempotency_records OWNER TO diff_owner',
+    'own_nousage': 'ALTER TABLE idempotency_records OWNER TO diff_owner; '
+                   'REVOKE USAGE ON SCHEMA public FROM PUBLIC; '
+                   'GRANT USAGE ON SCHEMA public TO diff_app, diff_noinsert',
+    'own_noinsert': 'ALTER TABLE idempotency_records OWNER TO diff_owner; '
+                    'REVOKE INSERT ON idempotency_records FROM diff_owner',
+    'own_noupdate': 'ALTER TABLE idempotency_records OWNER TO diff_owner; '
+                    'REVOKE UPDATE, DELETE ON idempotency_records FROM diff_owner',
+    'own_noselect': 'ALTER TABLE idempotency_records OWNER TO diff_owner; '
+                    'REVOKE SELECT ON idempotency_records FROM diff_owner',
+    'app_noupdate': 'REVOKE UPDATE ON idempotency_records FROM diff_app',
+    'app_nodelete': 'REVOKE DELETE ON idempotency_records FROM diff_app',
+    'app_noupdate_nodelete': 'REVOKE UPDATE, DELETE ON idempotency_records FROM diff_app',
     'restore': 'SELECT restore_records_table()',
 }
 for _name, _sql in ALTERATIONS.items():
@@ -122,6 +143,22 @@ for _name, _sql in ALTERATIONS.items():
     REC_TRIGGER_DROPS[_name] = 'SELECT restore_records_table()'
 
 STATEMENT_TIMEOUT = '10s'
+# A step that ignores statement_timeout (issue 34: a probe loop that no
+# cancel reaches, which ends only when some other transaction with an XID
+# ends) must not hang the run: the watchdog ends a step that has run
+# WATCHDOG_SECONDS, or WATCHDOG_SPIN_SECONDS while its backend is seen on the
+# CPU without a wait event twice in a row.  It cancels and terminates the
+# backend and ends transactions with an XID until the step returns.  The step
+# is observed as 'stuck' and the rest of the case is skipped on that side;
+# the other side, which did not spin, shows the difference.
+WATCHDOG_SECONDS = 12
+WATCHDOG_SPIN_SECONDS = 2
+
+# The lock set a case of the lock-set shapes observes after each of its steps
+# inside a transaction (schema.sql lock_set()): (locktype, relation, mode,
+# count), relations named so that both databases agree (a TOAST table as
+# 'toast of TABLE').
+LOCKS_SQL = 'SELECT * FROM lock_set()'
 
 
 class Step:
@@ -139,9 +176,9 @@ class Step:
         the physical order of a scan, which page pruning (it depends on the
         oldest snapshot in the whole cluster) may change between the sides;
         a cursor's FETCH keeps its order (the cases fetch from tables that
-        only had rows inserted)."""
+        only had rows inserted), and so does a plan."""
         u = self.sql.upper()
-        return 'ORDER BY' in u or u.startswith('FETCH')
+        return 'ORDER BY' in u or u.startswith(('FETCH', 'EXPLAIN'))
 
     def text(self):
         who = '[session 2] ' if self.peer else ''
@@ -151,8 +188,9 @@ class Step:
 
 
 class Case:
-    def __init__(self, seed, num, shape, rows=50, rec_triggers=(), steps=None, note=''):
+    def __init__(self, seed, num, shape, rows=50, rec_triggers=(), steps=None, note='', observe_locks=False):
         self.seed = seed
+        self.observe_locks = observe_locks      # a 'locks' observation after each step in a transaction
         self.num = num
         self.shape = shape
         self.rows = rows
@@ -167,6 +205,8 @@ class Case:
     def sql_text(self):
         lines = ['-- case %s, shape %s%s' % (self.cid, self.shape, ' (' + self.note + ')' if self.note else ''),
                  '-- setup: SELECT reset_case(%d);' % self.rows]
+        if self.observe_locks:
+            lines.append('-- observed after each step in a transaction: %s;' % LOCKS_SQL)
         for t in self.rec_triggers:
             lines.append('-- setup: ' + REC_TRIGGERS[t] + ';')
         lines.append("-- {tok:NAME} is the token this side got earlier for NAME; "
@@ -174,6 +214,60 @@ class Case:
         for i, s in enumerate(self.steps):
             lines.append('/* %d */ %s' % (i, s.text()))
         return '\n'.join(lines)
+
+
+class Watchdog(threading.Thread):
+    """Bounds each step's wall-clock time (WATCHDOG_SECONDS, see there): one
+    per side, looking once a second at the step in flight."""
+
+    def __init__(self, dsn):
+        super().__init__(daemon=True)
+        self.dsn = dsn
+        self.lock = threading.Lock()
+        self.step = None            # [backend pid, start time, fired]
+        self.start()
+
+    def begin(self, pid):
+        with self.lock:
+            self.step = [pid, time.time(), False]
+
+    def end(self):
+        """The step returned: did the watchdog have to end it?"""
+        with self.lock:
+            step, self.step = self.step, None
+        return step is not None and step[2]
+
+    def run(self):
+        admin = None
+        spinning = 0
+        while True:
+            time.sleep(1)
+            with self.lock:
+                step = self.step
+            if step is None or step[2] or time.time() - step[1] < WATCHDOG_SPIN_SECONDS:
+                spinning = 0
+                continue
+            try:
+                if admin is None or admin.closed:
+                    admin = psycopg2.connect(self.dsn)
+                    admin.autocommit = True
+                k = admin.cursor()
+                k.execute("SELECT state = 'active' AND wait_event_type IS NULL FROM pg_stat_activity "
+                          "WHERE pid = %s", (step[0],))
+                row = k.fetchone()
+                spinning = spinning + 1 if row and row[0] else 0
+                if spinning < 2 and time.time() - step[1] < WATCHDOG_SECONDS:
+                    continue
+                with self.lock:
+                    if self.step is not step:
+                        continue
+                    step[2] = True
+                k.execute('SELECT pg_cancel_backend(%s), pg_terminate_backend(%s)', (step[0], step[0]))
+                while self.step is step:
+                    k.execute('SELECT txid_current()')
+                    time.sleep(0.05)
+            except psycopg2.Error:
+                admin = None
 
 
 class Side:
@@ -187,6 +281,7 @@ class Side:
         self.triggers = set()
         self.conn = None
         self.peer = None
+        self.watchdog = Watchdog(dsn)
         self.connect()
 
     def peer_conn(self):
@@ -263,6 +358,7 @@ class Side:
                 c = self.peer.cursor()
                 c.execute('ROLLBACK; RESET ALL')
                 c.close()
+                del self.peer.notices[:]        # 'there is no transaction in progress'
             except psycopg2.Error:
                 self.peer.close()
                 self.peer = None
@@ -289,6 +385,7 @@ class Side:
         obs = {}
         conn = self.peer_conn() if step.peer else self.conn
         cur = conn.cursor()
+        self.watchdog.begin(conn.get_backend_pid())
         try:
             if step.kind == 'copy_out':
                 buf = io.StringIO()
@@ -320,10 +417,18 @@ class Side:
             if conn.closed:
                 obs['error'] += ' [connection lost]'
         finally:
+            if self.watchdog.end():
+                obs['stuck'] = 'ran over %d s, ignoring statement_timeout: ended by the watchdog' % WATCHDOG_SECONDS
             try:
                 cur.close()
             except Exception:
                 pass
+        if (case.observe_locks and not step.peer and not conn.closed
+                and conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_INTRANS):
+            try:
+                obs['locks'] = self._simple(LOCKS_SQL)
+            except psycopg2.Error as e:
+                obs['locks'] = 'ERROR %s' % e.pgcode
         if conn.closed:
             if step.peer:
                 self.peer_conn()
@@ -345,11 +450,14 @@ class Side:
         self.reset(case)
         vars_ = {}
         steps_obs = []
-        for step in case.steps:
+        for i, step in enumerate(case.steps):
             o = self.run_step(step, case, vars_)
             if 'rows' in o and not step.ordered():
                 o['rows'] = sorted(o['rows'], key=_masked)
             steps_obs.append(o)
+            if 'stuck' in o:
+                steps_obs += [{'skipped': 'after the stuck step %d' % i}] * (len(case.steps) - i - 1)
+                break
         return {'steps': steps_obs, 'state': self.finish(case, extra_step)}
 
 

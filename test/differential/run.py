@@ -60,6 +60,7 @@ def make_case(seed, num):
     g = shapes.G(rng, case)
     fn(g)
     case.rows, case.rec_triggers, case.steps, case.note = g.rows, g.triggers, g.steps, g.note
+    case.observe_locks = g.observe_locks
     return case
 
 
@@ -80,7 +81,7 @@ def setup_databases(args):
     if not args.keep_dbs:
         with open(os.path.join(HERE, 'schema.sql')) as f:
             schema = f.read()
-        for role in ('diff_app', 'diff_noinsert'):
+        for role in ('diff_app', 'diff_noinsert', 'diff_owner'):
             cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,))
             if not cur.fetchone():
                 cur.execute('CREATE ROLE %s' % role)
@@ -189,7 +190,9 @@ def plant_for(case, rng):
     if r < 0.25:
         return Step("INSERT INTO audit (what, info) VALUES ('planted', %s)" % q(case.cid))
     if r < 0.45:
-        return Step("SELECT idem_claim(%s, 'planted')" % t('t%d' % case.num))
+        # the tenant set too, for the cases with tenant isolation on
+        return Step("SELECT set_config('app.tenant', %s, true), idem_claim(%s, 'planted')"
+                    % (t('t%d' % case.num), t('t%d' % case.num)))
     if r < 0.55:
         return Step("UPDATE ledger SET amount = amount + 1 WHERE id = (SELECT min(id) FROM ledger)")
     if r < 0.6:
@@ -212,6 +215,10 @@ def brief(where, obs):
         o = obs['steps'][i] if i < len(obs['steps']) else None
         if o is None:
             return 'no step'
+        if 'skipped' in o:
+            return o['skipped']
+        if 'stuck' in o:
+            return 'STUCK ' + o['stuck']
         if not o['ok']:
             return 'ERROR %s %s' % (o['sqlstate'], o['error'][:90])
         text = o['tag'] or ''
@@ -223,6 +230,8 @@ def brief(where, obs):
             text += ' notices %d' % len(o['notices'])
         if 'notifies' in o:
             text += ' notifies %s' % json.dumps(o['notifies'])[:60]
+        if 'locks' in o:
+            text += ' locks %d' % len(o['locks'])
         return text
     return json.dumps(obs['state'].get(where.split()[1]), default=str)[:110]
 
