@@ -376,7 +376,14 @@ BEGIN
     FOR r IN SELECT rulename FROM pg_rewrite WHERE ev_class = tbl LOOP
         EXECUTE format('DROP RULE %I ON idempotency_records', r.rulename);
     END LOOP;
-    DROP TABLE IF EXISTS alt_child;
+    -- a child (alt_child, alt_archive, ...) or a parent (alt_parent) by inheritance
+    FOR r IN SELECT inhrelid::regclass AS rel FROM pg_inherits WHERE inhparent = tbl LOOP
+        EXECUTE format('DROP TABLE %s', r.rel);
+    END LOOP;
+    FOR r IN SELECT inhparent::regclass AS rel FROM pg_inherits WHERE inhrelid = tbl LOOP
+        EXECUTE format('ALTER TABLE idempotency_records NO INHERIT %s', r.rel);
+        EXECUTE format('DROP TABLE %s', r.rel);
+    END LOOP;
     FOR r IN SELECT conname FROM pg_constraint WHERE conrelid = tbl AND conname LIKE 'alt\_%' LOOP
         EXECUTE format('ALTER TABLE idempotency_records DROP CONSTRAINT %I', r.conname);
     END LOOP;
@@ -406,6 +413,25 @@ BEGIN
             GRANT SELECT ON rec_view TO diff_app, diff_noinsert;
         END IF;
     END LOOP;
+    -- the owner the extension gave it (owner_rights changes it), with the
+    -- table's and the schema's privileges as schema.sql left them (pristine)
+    IF (SELECT relowner FROM pg_class WHERE oid = tbl)
+            <> (SELECT extowner FROM pg_extension WHERE extname = 'idempotency') THEN
+        EXECUTE format('ALTER TABLE idempotency_records OWNER TO %s',
+                       (SELECT extowner::regrole FROM pg_extension WHERE extname = 'idempotency'));
+    END IF;
+    IF (SELECT relacl::text FROM pg_class WHERE oid = tbl) IS DISTINCT FROM (SELECT records_acl FROM pristine) THEN
+        REVOKE ALL ON idempotency_records FROM PUBLIC, diff_app, diff_noinsert, diff_owner;
+        EXECUTE format('REVOKE ALL ON idempotency_records FROM %s',
+                       (SELECT extowner::regrole FROM pg_extension WHERE extname = 'idempotency'));
+        EXECUTE format('GRANT ALL ON idempotency_records TO %s',
+                       (SELECT extowner::regrole FROM pg_extension WHERE extname = 'idempotency'));
+    END IF;
+    IF (SELECT nspacl::text FROM pg_namespace WHERE nspname = 'public')
+            IS DISTINCT FROM (SELECT public_acl FROM pristine) THEN
+        REVOKE ALL ON SCHEMA public FROM PUBLIC, diff_app, diff_noinsert, diff_owner;
+        GRANT USAGE ON SCHEMA public TO PUBLIC;
+    END IF;
     -- the grants schema.sql gives at the end of this file
     IF NOT (has_table_privilege('diff_app', tbl, 'SELECT') AND has_table_privilege('diff_app', tbl, 'INSERT')
             AND has_table_privilege('diff_app', tbl, 'UPDATE') AND has_table_privilege('diff_app', tbl, 'DELETE')) THEN
@@ -430,3 +456,71 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON refs, noisy TO diff_app, diff_noinsert;
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO diff_app, diff_noinsert;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO diff_app, diff_noinsert;
 REVOKE EXECUTE ON FUNCTION restore_records_table() FROM PUBLIC, diff_app, diff_noinsert;
+
+-- ---------------------------------------------------------------------------
+-- Issue 34's classes (shapes.py: rollback_end, hold_cursor, inherited,
+-- owner_rights, peer_in_statement, settle_no_rights, toast_locks, explain).
+
+-- Another session acting inside one statement of this one (peer_in_statement):
+-- peer_sql runs a query returning one text column in a new session of the
+-- same database, through dblink over loopback, and returns its rows joined
+-- by spaces.  SECURITY DEFINER: dblink wants a password from a non-superuser.
+CREATE EXTENSION dblink;
+CREATE FUNCTION peer_sql(q text) RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = public AS $$
+DECLARE r text;
+BEGIN
+    SELECT string_agg(coalesce(v, 'null'), ' ') INTO r
+        FROM dblink(format('host=127.0.0.1 port=%s dbname=%s user=%s '
+                           'options=''-c lock_timeout=300ms -c statement_timeout=5s''',
+                           current_setting('port'), current_database(), current_user), q) AS t(v text);
+    RETURN r;
+END $$;
+-- claim k1, let the other session act, claim k2: in one statement
+CREATE FUNCTION between_claims(t text, k1 text, q text, k2 text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE a text; p text; b text;
+BEGIN
+    a := (idem_claim(t, k1)).outcome;
+    p := peer_sql(q);
+    b := (idem_claim(t, k2)).outcome;
+    RETURN a || ' / ' || coalesce(p, '-') || ' / ' || b;
+END $$;
+
+-- A response of about 3.8 kB that pglz cannot shrink much (hex of md5s):
+-- stored out of line, in the TOAST table.  The same on both sides.
+CREATE FUNCTION big_response(seed text, n int DEFAULT 120) RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object('seed', seed, 'blob', string_agg(md5(seed || i), '' ORDER BY i))
+        FROM generate_series(1, n) i
+$$;
+
+-- The locks this backend holds (toast_locks observes it after each step in a
+-- transaction): relations named so that both databases agree (a TOAST
+-- table's name has its parent's OID), catalogs (this query's own) left out.
+CREATE FUNCTION lock_set(OUT locktype text, OUT relation text, OUT mode text, OUT n bigint)
+    RETURNS SETOF record LANGUAGE sql VOLATILE AS $$
+SELECT l.locktype,
+       CASE WHEN l.relation IS NULL THEN NULL
+            WHEN l.database <> 0 AND l.database <> (SELECT oid FROM pg_database WHERE datname = current_database())
+                THEN 'a relation of another database'
+            WHEN c.oid IS NULL THEN 'a dropped relation'
+            WHEN ns.nspname = 'pg_toast' THEN
+                CASE c.relkind WHEN 'i' THEN 'toast index of ' ELSE 'toast of ' END
+                || (SELECT o.relname FROM pg_class o WHERE o.reltoastrelid =
+                        coalesce((SELECT i.indrelid FROM pg_index i WHERE i.indexrelid = c.oid), c.oid))
+            WHEN c.relpersistence = 't' THEN 'temporary ' || c.relname
+            ELSE c.oid::regclass::text END,
+       l.mode, count(*)
+  FROM pg_locks l
+  LEFT JOIN pg_class c ON c.oid = l.relation
+  LEFT JOIN pg_namespace ns ON ns.oid = c.relnamespace
+ WHERE l.pid = pg_backend_pid() AND l.locktype NOT IN ('virtualxid', 'transactionid')
+   AND ns.nspname IS DISTINCT FROM 'pg_catalog'
+ GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+$$;
+
+-- What restore_records_table() returns the table's and the schema's
+-- privileges to (owner_rights and privileges_midway change them).
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO diff_app, diff_noinsert;
+REVOKE EXECUTE ON FUNCTION restore_records_table() FROM PUBLIC, diff_app, diff_noinsert;
+CREATE TABLE pristine AS
+    SELECT (SELECT relacl::text FROM pg_class WHERE oid = 'idempotency_records'::regclass) AS records_acl,
+           (SELECT nspacl::text FROM pg_namespace WHERE nspname = 'public') AS public_acl;

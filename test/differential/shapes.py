@@ -35,6 +35,9 @@ class G:
         self.note = ''
         self.n_keys = 0
         self.claimed = []
+        self.observe_locks = False  # the lock set after each step (harness.LOCKS_SQL)
+        self.isolation = False      # tenant isolation on: begin() sets the tenant
+        self.sync = 0               # the sync_N tables used (peer_change)
 
     # -- plumbing ------------------------------------------------------------
     def add(self, sql, **kw):
@@ -116,6 +119,32 @@ class G:
 
     def begin(self):
         self.add(self.r.choice(['BEGIN', 'BEGIN', 'START TRANSACTION', 'BEGIN ISOLATION LEVEL READ COMMITTED']))
+        if self.isolation:
+            self.set_tenant()
+
+    def set_tenant(self):
+        """With tenant isolation on: the transaction's tenant, mostly this
+        case's, sometimes unset or another one (the error paths)."""
+        r = self.r.random()
+        if r < 0.8:
+            self.add("SELECT set_config('app.tenant', %s, true)" % q(self.t))
+        elif r < 0.9:
+            self.add("SELECT set_config('app.tenant', 'another', true)")
+        elif r < 0.95:
+            self.add("SELECT set_config('app.tenant', '', true)")
+
+    def isolation_maybe(self, p=0.25):
+        """Issue 34's classes also run with tenant isolation on, as the
+        non-owner diff_app (harness.ALTERATIONS['alt_tenant_isolation'])."""
+        if not self.chance(p):
+            return False
+        self.isolation = True
+        self.triggers.append('alt_tenant_isolation')
+        self.note = (self.note + '; ' if self.note else '') + 'tenant isolation as diff_app'
+        self.add('SET ROLE diff_app')
+        if self.chance(0.5):
+            self.add('SET app.tenant = %s' % q(self.t))     # for statements outside a block
+        return True
 
     def end(self, allow_2pc=True):
         r = self.r.random()
@@ -185,6 +214,17 @@ class G:
                 self.add('SELECT %s(%s)' % (self.r.choice(
                     ['rec_count_sql_stable', 'rec_count_sql_volatile', 'rec_count_plpgsql_stable',
                      'rec_count_plpgsql_volatile', 'rec_count_dynamic', 'rec_count_definer']), q(self.t)))
+
+    def claim_each(self, keys, p_claim=0.85, p_write=0.3, p_settle=0.3):
+        """Most keys claimed, each maybe followed by a business write and
+        a settle."""
+        for k in keys:
+            if self.chance(p_claim):
+                self.claim(k)
+            if self.chance(p_write):
+                self.biz_write()
+            if self.chance(p_settle):
+                self.settle_any(k)
 
     def txn(self, keys, n):
         self.begin()
@@ -1092,13 +1132,7 @@ def shape_other_session_ddl(g):
         # trigger fires, a unique index refuses, an index is filled)
         g.lookup(g.r.choice(keys))
         peer_ddl([d for d in PEER_DDL if d[1].startswith(('CREATE', 'SELECT idem_create_index'))])
-    for k in keys:
-        if g.chance(0.85):
-            g.claim(k)
-        if g.chance(0.3):
-            g.biz_write()
-        if g.chance(0.3):
-            g.settle_any(k)
+    g.claim_each(keys)
     if first:
         peer_step(g, 'COMMIT')
     for _ in range(g.r.randint(1, 3)):
@@ -1124,7 +1158,17 @@ PRIVILEGE_CHANGES = [
     'REVOKE INSERT, UPDATE, DELETE ON idempotency_records FROM {R}',
     'GRANT INSERT ON idempotency_records TO {R}',
     'GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO {R}',
+    'REVOKE USAGE ON SCHEMA public FROM PUBLIC',
 ]
+
+
+def peer_change(g, sql):
+    """The second session changes privileges (or the owner); then a lock
+    this transaction does not hold yet: both sides read the change there
+    (schema.sql, sync_1 .. sync_4)."""
+    g.sync += 1
+    peer_step(g, sql)
+    g.add('SELECT count(*) FROM sync_%d' % g.sync)
 
 
 def shape_privileges_midway(g):
@@ -1144,21 +1188,11 @@ def shape_privileges_midway(g):
             g.claim(k)
         if g.chance(0.25):
             g.biz_write()
-    sync = 0
-
-    def change(sql):
-        # then a lock this transaction does not hold yet: both sides read the
-        # change here (schema.sql, sync_N)
-        nonlocal sync
-        sync += 1
-        peer_step(g, sql)
-        g.add('SELECT count(*) FROM sync_%d' % sync)
-
     for _ in range(g.r.randint(1, 3)):
-        change(g.r.choice(PRIVILEGE_CHANGES).replace('{R}', role))
+        peer_change(g, g.r.choice(PRIVILEGE_CHANGES).replace('{R}', role))
         g.ops(keys, g.r.randint(1, 4))
     if g.chance(0.3):
-        change('GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO %s' % role)
+        peer_change(g, 'GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO %s' % role)
     for k in g.r.sample(keys, g.r.randint(0, len(keys))):
         g.settle_any(k)
     g.end()
@@ -1356,6 +1390,455 @@ def shape_collation_case(g):
           % T)
 
 
+# ---------------------------------------------------------------------------
+# issue 34: classes of shape where held claims differed from claims written
+# at once; each also runs with tenant isolation on (G.isolation_maybe)
+
+def insert_record_sql(t, k, status='completed'):
+    """A record INSERTed by hand (another session's direct write)."""
+    return ("INSERT INTO idempotency_records (tenant_id, key, status, token, response, expires_at, "
+            "lease_expires_at, created_at, updated_at, ttl) VALUES (%s, %s, %s, 1, '{\"by\": \"hand\"}', "
+            "now() + interval '1 h', %s, now(), now(), interval '1 h')"
+            % (q(t), q(k), q(status), "now() + interval '1 h'" if status == 'processing' else 'NULL'))
+
+
+def follow_up(g, k):
+    """One later call on a key: any of the extension's calls on it, or the
+    second session claiming or inserting it."""
+    T = q(g.t)
+    r = g.r.random()
+    if r < 0.25:
+        g.claim(k)
+    elif r < 0.33:
+        g.add("SELECT outcome, token FROM idem_claim(%s, %s, wait => '20 ms')" % (T, q(k)), cap=k)
+    elif r < 0.45:
+        g.complete(k)
+    elif r < 0.52:
+        g.release(k, '{"error": "later"}' if g.chance(0.5) else None)
+    elif r < 0.58:
+        g.heartbeat(k)
+    elif r < 0.64:
+        g.add("SELECT idem_checkpoint(%s, %s, {tok:%s}, 'step-1')" % (T, q(k), k))
+    elif r < 0.7:
+        g.forget(k)
+    elif r < 0.78:
+        g.lookup(k)
+    elif r < 0.9:
+        peer_step(g, 'SELECT outcome, token FROM idem_claim(%s, %s)' % (T, q(k)))
+    else:
+        peer_step(g, insert_record_sql(g.t, k) + ' RETURNING key, status')
+
+
+def shape_rollback_end(g):
+    """Class 1: held claims, then an error that aborts the block (at top
+    level, in a savepoint not rolled back to, in nested savepoints), then
+    COMMIT, COMMIT AND CHAIN or PREPARE TRANSACTION, which the server turns
+    into a rollback; then later transactions claim, complete, release,
+    heartbeat, checkpoint and forget the same keys, and a second session
+    claims or inserts them."""
+    g.rows = rows_small(g)
+    T = q(g.t)
+    keys = [g.key('h') for _ in range(g.r.randint(1, 4))]
+    g.prior(g.r.sample(keys, g.r.randint(0, min(1, len(keys) - 1))))
+    g.isolation_maybe()
+    g.begin()
+    g.claim_each(keys, p_write=0.2, p_settle=0.25)
+    fail = g.r.choice(['SELECT 1 / 0', 'INSERT INTO ledger VALUES (1, 1, NULL)',
+                       "SELECT (idem_claim(%s, 'h-in-failing')).outcome, 1 / 0" % T])
+    where = g.r.choice(['top', 'savepoint', 'savepoint', 'nested', 'nested_back'])
+    if where == 'top':
+        g.add(fail)
+    else:
+        g.add('SAVEPOINT s1')
+        if g.chance(0.6):
+            g.claim(g.key('h'))
+        if where in ('nested', 'nested_back'):
+            g.add('SAVEPOINT s2')
+            if g.chance(0.5):
+                g.claim(g.key('h'))
+        g.add(fail)
+        if where == 'nested_back':
+            # back to s2 (alive again), then an error in s1 that stays
+            g.add('ROLLBACK TO SAVEPOINT s2')
+            if g.chance(0.5):
+                g.settle_any(g.r.choice(keys))
+            g.add(fail)
+    if g.chance(0.3):
+        g.add('SELECT 1')           # 25P02
+    r = g.r.random()
+    if r < 0.45:
+        g.add('COMMIT')
+    elif r < 0.7:
+        g.add('COMMIT AND CHAIN')
+        if g.isolation:
+            g.set_tenant()
+        if g.chance(0.5):
+            g.claim(g.r.choice(keys))
+        g.read_records()
+        g.add(g.r.choice(['COMMIT', 'ROLLBACK']))
+    else:
+        g.add('PREPARE TRANSACTION {gid}')
+        g.add(g.r.choice(['COMMIT PREPARED {gid}', 'ROLLBACK PREPARED {gid}']))
+    keys = keys + [k for k in g.claimed if k not in keys]
+    for _ in range(g.r.randint(1, 3)):
+        block = g.chance(0.6)
+        if block:
+            g.begin()
+        for _ in range(g.r.randint(1, 4)):
+            follow_up(g, g.r.choice(keys))
+        if block:
+            g.end()
+    g.read_records()
+
+
+HOLD_READERS = [
+    'SELECT status, token, response FROM idem_lookup({T}, {K})',
+    'SELECT state, records, oldest_updated_at, next_expires_at FROM idem_record_states()',
+    'SELECT key, status, token, response FROM idempotency_records WHERE tenant_id = {T} ORDER BY key',
+    'SELECT rec_count_sql_stable({T}), rec_count_plpgsql_volatile({T}), lookup_status_plpgsql({T}, {K})',
+    'SELECT k, lookup_status_sql({T}, k) FROM unnest(ARRAY[{KS}]) k ORDER BY k',
+    "SELECT g, (idem_claim({T}, 'cur' || g)).outcome FROM generate_series(1, 3) g ORDER BY g",
+]
+
+
+def shape_hold_cursor(g):
+    """Class 2: cursors WITH HOLD (and portals that outlive the transaction)
+    declared before and after claims and settles, over idem_lookup,
+    idem_record_states(), the table, user functions that read it, or claims
+    themselves; moved or fetched partly before COMMIT, fetched after COMMIT
+    or ROLLBACK and from a later transaction."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(1, 5))]
+    g.prior(g.r.sample(keys, g.r.randint(0, min(2, len(keys)))))
+    g.isolation_maybe()
+    T = q(g.t)
+
+    def declare(name):
+        sql = g.r.choice(HOLD_READERS).replace('{T}', T).replace('{K}', q(g.r.choice(keys))).replace(
+            '{KS}', ', '.join(q(k) for k in keys))
+        g.add('DECLARE %s %sCURSOR WITH HOLD FOR %s' % (name, g.r.choice(['', 'SCROLL ', 'NO SCROLL ']), sql))
+        if g.chance(0.4):
+            g.add(g.r.choice(['FETCH 1 FROM %s', 'MOVE 1 IN %s', 'FETCH NEXT FROM %s']) % name)
+
+    cursors = []
+    g.begin()
+    if g.chance(0.4):
+        declare('hc0')
+        cursors.append('hc0')
+    g.claim_each(keys, p_write=0)
+    declare('hc1')
+    cursors.append('hc1')
+    if g.chance(0.4):
+        g.settle_any(g.r.choice(keys))
+        declare('hc2')
+        cursors.append('hc2')
+    for sql in g.r.choice([['COMMIT'], ['COMMIT'], ['COMMIT'], ['ROLLBACK'], ['SELECT 1 / 0', 'COMMIT'],
+                           ['COMMIT AND CHAIN', 'COMMIT']]):
+        g.add(sql)
+    for c in cursors:
+        g.add('FETCH ALL FROM %s' % c)
+    if g.chance(0.4):
+        g.begin()
+        g.claim(g.r.choice(keys))
+        g.add('FETCH ABSOLUTE 1 FROM %s' % cursors[-1])
+        g.end(allow_2pc=False)
+    g.add('CLOSE ALL')
+    g.read_records()
+
+
+def shape_inherited(g):
+    """Class 3: tables that change what the SQL read of the records returns:
+    a child by inheritance holding a completed, failed or processing
+    (live or expired) record of the keys, made before the case or by the
+    second session midway, or a parent; then claims and settles of the keys,
+    reads of the table and of ONLY the table."""
+    g.rows = rows_small(g)
+    T = q(g.t)
+    keys = [g.key() for _ in range(g.r.randint(1, 4))]
+    g.prior(g.r.sample(keys, g.r.randint(0, min(1, len(keys)))))
+    kind = g.r.choice(['archive', 'archive', 'archive_by_peer', 'parent'])
+    g.triggers = ['restore'] if kind == 'archive_by_peer' else ['alt_archive' if kind == 'archive' else 'alt_parent']
+    g.note = 'inheritance: %s' % kind
+
+    def fill(table, k):
+        status = g.r.choice(['completed', 'failed', 'processing', 'expired'])
+        ends = "now() - interval '1 min'" if status == 'expired' else "now() + interval '1 h'"
+        return ("INSERT INTO %s (tenant_id, key, status, token, response, expires_at, lease_expires_at, "
+                "created_at, updated_at, ttl) VALUES (%s, %s, %s, 7, '{\"archived\": true}', %s, %s, now(), "
+                "now(), interval '1 h')"
+                % (table, T, q(k), q('processing' if status == 'expired' else status), ends,
+                   ends if status in ('processing', 'expired') else 'NULL'))
+
+    table = 'alt_parent' if kind == 'parent' else 'alt_archive'
+    if kind != 'archive_by_peer':
+        for k in g.r.sample(keys, g.r.randint(1, len(keys))):
+            g.add(fill(table, k))
+    g.isolation_maybe()
+    g.begin()
+    for i, k in enumerate(keys):
+        if kind == 'archive_by_peer' and i == len(keys) // 2:
+            peer_step(g, REC_TRIGGERS['alt_archive'])
+            peer_step(g, fill('alt_archive', g.r.choice(keys)))
+        if g.chance(0.85):
+            g.claim(k)
+        if g.chance(0.4):
+            g.settle_any(k)
+    for _ in range(g.r.randint(0, 3)):
+        r = g.r.random()
+        if r < 0.3:
+            g.read_records()
+        elif r < 0.5:
+            g.add('SELECT key, status, token FROM ONLY idempotency_records WHERE tenant_id = %s ORDER BY key' % T)
+        elif r < 0.7:
+            g.lookup(g.r.choice(keys))
+        else:
+            g.ops(keys, 1)
+    g.end()
+    g.add('RESET ROLE')
+    for k in keys:
+        if g.chance(0.5):
+            g.claim(k)
+    g.add('SELECT tableoid::regclass::text AS tbl, key, status FROM idempotency_records WHERE tenant_id = %s '
+          'ORDER BY key, tbl' % T)
+
+
+OWNER_SETUPS = ['own_owner', 'own_nousage', 'own_noinsert', 'own_noupdate', 'own_noselect']
+OWNER_CHANGES = [
+    'ALTER TABLE idempotency_records OWNER TO diff_owner',
+    'REVOKE INSERT ON idempotency_records FROM diff_owner',
+    'REVOKE UPDATE, DELETE ON idempotency_records FROM diff_owner',
+    'REVOKE USAGE ON SCHEMA public FROM PUBLIC',
+]
+
+
+def shape_owner_rights(g):
+    """Class 4: the records table owned by a non-superuser role (diff_owner)
+    that lacks USAGE on the extension's schema, or its own INSERT, UPDATE,
+    DELETE or SELECT, set before the case or changed by the second session
+    while claims are held (with privileges_midway's sync); callers: the
+    superuser, diff_app, the owner itself."""
+    g.rows = rows_small(g)
+    keys = [g.key() for _ in range(g.r.randint(1, 4))]
+    g.prior(g.r.sample(keys, g.r.randint(0, min(2, len(keys)))))
+    midway = g.chance(0.3)
+    if midway:
+        g.triggers = ['restore']
+        g.note = 'owner changed midway'
+    else:
+        g.triggers = [g.r.choice(OWNER_SETUPS)]
+        g.note = 'owner: %s' % g.triggers[0]
+    if not g.isolation_maybe():
+        role = g.r.choice([None, None, 'diff_app', 'diff_owner'])
+        if role:
+            g.add('SET ROLE %s' % role)
+    g.begin()
+    g.claim_each(keys, p_settle=0)
+    if midway:
+        peer_step(g, "SET lock_timeout = '30ms'")
+        for sql in g.r.sample(OWNER_CHANGES, g.r.randint(1, 3)):
+            peer_change(g, sql)
+            if g.chance(0.4):
+                g.ops(keys, 1)
+    for k in g.r.sample(keys, g.r.randint(0, len(keys))):
+        g.settle_any(k)
+    g.end()
+    g.add('RESET ROLE')
+    for k in keys:
+        if g.chance(0.4):
+            g.claim(k)
+    g.read_records()
+
+
+def peer_action(g, keys):
+    """What the other session does inside one of this session's statements
+    (schema.sql peer_sql): one text column."""
+    T = g.t
+    k = g.r.choice(keys)
+    r = g.r.random()
+    if r < 0.3:
+        sql = 'SELECT idem_complete(%s, %s, {tok:%s}, \'{"peer": 1}\')::text' % (q(T), q(k), k)
+    elif r < 0.45:
+        sql = 'SELECT idem_release(%s, %s, {tok:%s})::text' % (q(T), q(k), k)
+    elif r < 0.6:
+        sql = 'SELECT idem_forget(%s, %s)::text' % (q(T), q(k))
+    elif r < 0.8:
+        sql = 'SELECT (idem_claim(%s, %s)).outcome' % (q(T), q(g.r.choice(keys + ['pz'])))
+    else:
+        sql = "SELECT key || ' ' || status FROM idempotency_records WHERE tenant_id = %s ORDER BY key" % q(T)
+    return q(sql), k
+
+
+def shape_peer_in_statement(g):
+    """Class 5: another session commits a completion, release, idem_forget
+    or claim of a key (through dblink, schema.sql peer_sql) inside one
+    statement of this session, between two claims: in a target list, in a
+    PL/pgSQL function (between_claims), in and out of a transaction block."""
+    g.rows = rows_small(g)
+    T = q(g.t)
+    keys = [g.key() for _ in range(g.r.randint(2, 4))]
+    # committed history: claims in flight (tokens known), completed records
+    for k in keys:
+        r = g.r.random()
+        if r < 0.5:
+            g.claim(k)
+        elif r < 0.75:
+            g.prior([k])
+    g.isolation_maybe()
+    block = g.chance(0.75)
+    if block:
+        g.begin()
+        if g.chance(0.4):
+            g.claim(g.key())
+    for _ in range(g.r.randint(1, 3)):
+        sql, k = peer_action(g, keys)
+        k2 = g.r.choice([k, k, g.r.choice(keys)])
+        r = g.r.random()
+        if r < 0.4:
+            g.add('SELECT (idem_claim(%s, %s)).outcome AS first, peer_sql(%s) AS peer, '
+                  '(SELECT outcome FROM idem_claim(%s, %s)) AS second'
+                  % (T, q(g.key('n')), sql, T, q(k2)))
+        elif r < 0.7:
+            g.add('SELECT between_claims(%s, %s, %s, %s)' % (T, q(g.key('n')), sql, q(k2)))
+        elif r < 0.85:
+            g.add('SELECT peer_sql(%s) AS peer, (SELECT status FROM idem_lookup(%s, %s)) AS status'
+                  % (sql, T, q(k2)))
+        else:
+            g.add('SELECT peer_sql(%s) AS peer, rec_count_sql_volatile(%s) AS seen' % (sql, T))
+        if g.chance(0.3):
+            g.lookup(k2)
+    if block:
+        g.end()
+    g.add('RESET ROLE')
+    g.read_records()
+
+
+def shape_settle_no_rights(g):
+    """Class 6: settles by an application role without UPDATE or DELETE on
+    the records, with the right token and with a wrong one, of held claims
+    and of written ones (claimed earlier, or in a savepoint): the SQLSTATE
+    must be the same."""
+    g.rows = rows_small(g)
+    T = q(g.t)
+    g.triggers = [g.r.choice(['app_noupdate', 'app_nodelete', 'app_noupdate_nodelete'])]
+    g.note = g.triggers[0]
+    keys = [g.key() for _ in range(g.r.randint(1, 3))]
+    written = [g.key('w') for _ in range(g.r.randint(0, 2))]
+    for k in written:
+        g.claim(k)                  # committed, processing, token known
+    if not g.isolation_maybe():
+        g.add('SET ROLE diff_app')
+    g.begin()
+    for k in keys:
+        if g.chance(0.3):
+            g.add('SAVEPOINT w_%s' % k)
+            g.claim(k)
+            g.add('RELEASE SAVEPOINT w_%s' % k)
+        else:
+            g.claim(k)
+    targets = keys + written
+    for _ in range(g.r.randint(1, 3)):
+        k = g.r.choice(targets)
+        tok = g.r.choice(['{tok:%s}' % k, '{tok:%s}' % k, '{tok:%s} + 1' % k, '42'])
+        sp = g.chance(0.6)
+        if sp:
+            g.add('SAVEPOINT s')
+        g.add(g.r.choice([
+            "SELECT idem_complete(%s, %s, %s, '{\"done\": 1}')",
+            'SELECT idem_release(%s, %s, %s)',
+            "SELECT idem_release(%s, %s, %s, '{\"error\": 1}')",
+            "SELECT idem_heartbeat(%s, %s, %s, '20 min')",
+            "SELECT idem_checkpoint(%s, %s, %s, 'p1')",
+        ]) % (T, q(k), tok))
+        if sp:
+            g.add('ROLLBACK TO SAVEPOINT s')
+    g.end()
+    g.add('RESET ROLE')
+    g.read_records()
+
+
+def shape_toast_locks(g):
+    """Class 7: responses too big to stay in the row (about 3.8 kB, stored in
+    the TOAST table), and the lock set of every statement observed (the
+    harness's 'locks', harness.LOCKS_SQL); a second session REINDEXes the
+    TOAST table under a short lock_timeout."""
+    g.rows = rows_small(g)
+    g.observe_locks = True
+    T = q(g.t)
+    keys = [g.key() for _ in range(g.r.randint(1, 3))]
+    if g.chance(0.3):
+        k = keys[0]
+        g.add('SELECT idem_complete(%s, %s, token, big_response(%s)) FROM idem_claim(%s, %s)'
+              % (T, q(k), q(k), T, q(k)))
+    g.isolation_maybe()
+    g.begin()
+    for k in keys:
+        g.claim(k)
+        if g.chance(0.3):
+            g.biz_write()
+        r = g.r.random()
+        if r < 0.55:
+            g.add('SELECT idem_complete(%s, %s, {tok:%s}, big_response(%s))' % (T, q(k), k, q(k)))
+        elif r < 0.75:
+            g.add('SELECT idem_release(%s, %s, {tok:%s}, big_response(%s))' % (T, q(k), k, q(k)))
+        elif r < 0.85:
+            g.add("SELECT idem_checkpoint(%s, %s, {tok:%s}, 'p1', big_response(%s))" % (T, q(k), k, q(k)))
+        else:
+            g.settle_any(k)
+        if g.chance(0.3):
+            peer_step(g, "SET lock_timeout = '30ms'")
+            peer_step(g, "DO $$BEGIN EXECUTE format('REINDEX TABLE %s', (SELECT reltoastrelid::regclass "
+                         "FROM pg_class WHERE oid = 'idempotency_records'::regclass)); END$$")
+    if g.chance(0.3):
+        g.lookup(g.r.choice(keys))
+    g.end()
+    for k in keys:
+        if g.chance(0.5):
+            g.begin()
+            g.claim(k)
+            g.end()
+    g.add("SELECT key, status, length(response::text) FROM idempotency_records WHERE tenant_id = %s ORDER BY key"
+          % T)
+
+
+EXPLAINS = [
+    'EXPLAIN (COSTS ON) SELECT * FROM idempotency_records WHERE tenant_id = {T}',
+    'EXPLAIN SELECT key, status FROM idempotency_records WHERE tenant_id = {T} AND key = {K}',
+    'EXPLAIN (COSTS OFF) SELECT count(*) FROM idempotency_records',
+    'EXPLAIN (COSTS ON, VERBOSE) SELECT rec_count_sql_stable({T})',
+    'EXPLAIN SELECT * FROM idem_claim({T}, {K})',
+    'EXPLAIN (FORMAT JSON, COSTS ON) UPDATE idempotency_records SET fingerprint = {T} WHERE tenant_id = {T}',
+    "EXPLAIN (COSTS ON) SELECT l.id FROM ledger l JOIN idempotency_records r ON r.key = 'k' || l.id "
+    "WHERE r.tenant_id = {T}",
+    "EXPLAIN (COSTS ON) SELECT * FROM idempotency_records WHERE status = 'processing' ORDER BY expires_at",
+]
+
+
+def shape_explain(g):
+    """Class 8: EXPLAIN (without ANALYZE; with and without costs, of queries
+    on idempotency_records and of claims) while claims are held, then after
+    settles and after COMMIT: the plan text is an observation."""
+    g.rows = rows_small(g)
+    T = q(g.t)
+    keys = [g.key() for _ in range(g.r.randint(1, 40))]
+    g.prior(g.r.sample(keys, g.r.randint(0, min(2, len(keys)))))
+    g.isolation_maybe()
+
+    def explain():
+        g.add(g.r.choice(EXPLAINS).replace('{T}', T).replace('{K}', q(g.r.choice(keys))))
+
+    g.begin()
+    for k in keys:
+        g.claim(k)
+    for _ in range(g.r.randint(1, 3)):
+        explain()
+    for k in g.r.sample(keys, g.r.randint(0, min(3, len(keys)))):
+        g.settle_any(k)
+        if g.chance(0.5):
+            explain()
+    g.end()
+    explain()
+
+
 SHAPES = [
     ('where_insert_select', shape_where_insert_select, 6),
     ('where_update_delete', shape_where_update_delete, 3),
@@ -1392,4 +1875,12 @@ SHAPES = [
     ('altered_table', shape_altered_table, 6),
     ('record_input', shape_record_input, 4),
     ('collation_case', shape_collation_case, 3),
+    ('rollback_end', shape_rollback_end, 3),
+    ('hold_cursor', shape_hold_cursor, 3),
+    ('inherited', shape_inherited, 3),
+    ('owner_rights', shape_owner_rights, 3),
+    ('peer_in_statement', shape_peer_in_statement, 2),
+    ('settle_no_rights', shape_settle_no_rights, 2),
+    ('toast_locks', shape_toast_locks, 2),
+    ('explain', shape_explain, 2),
 ]
