@@ -36,9 +36,42 @@ SELECT token AS t FROM idem_claim('shop-2', 'order-1') \gset
 SELECT idem_complete('shop-2', 'order-1', :t, '{"ok": 2}');
 SELECT tenant_id, key FROM idempotency_records ORDER BY 1, 2;
 SELECT count(*) FROM idem_lookup('shop-1', 'order-1');
--- no tenant set: nothing visible
+-- no tenant set: nothing visible, and the functions say what to set
 RESET app.tenant;
 SELECT count(*) FROM idempotency_records;
+SELECT outcome FROM idem_claim('shop-2', 'order-2');
+-- the extension's own isolation keeps the fast path: a claim in a
+-- transaction is held until COMMIT (nothing written before it) ...
+-- (pg_stat_xact_user_tables can hold earlier transactions' counts: the
+-- difference is this transaction's rows)
+BEGIN;
+SELECT set_config('app.tenant', 'shop-3', true);
+SELECT n_tup_ins + n_tup_upd AS rows_before FROM pg_stat_xact_user_tables
+ WHERE relname = 'idempotency_records' \gset
+SELECT token AS t FROM idem_claim('shop-3', 'order-1') \gset
+SELECT idem_complete('shop-3', 'order-1', :t, '{"ok": 3}');
+SELECT n_tup_ins + n_tup_upd - :rows_before AS rows_written FROM pg_stat_xact_user_tables
+ WHERE relname = 'idempotency_records';
+COMMIT;
+SET app.tenant = 'shop-3';
+SELECT outcome, response FROM idem_claim('shop-3', 'order-1');
+RESET app.tenant;
+RESET ROLE;
+-- ... and any other policy beside it takes the SQL path: the claim is
+-- written at once
+CREATE POLICY users_too ON idempotency_records FOR SELECT USING (key <> 'hidden');
+SET ROLE idem_tenant_app;
+BEGIN;
+SELECT set_config('app.tenant', 'shop-3', true);
+SELECT n_tup_ins + n_tup_upd AS rows_before FROM pg_stat_xact_user_tables
+ WHERE relname = 'idempotency_records' \gset
+SELECT outcome FROM idem_claim('shop-3', 'order-2');
+SELECT n_tup_ins + n_tup_upd - :rows_before AS rows_written FROM pg_stat_xact_user_tables
+ WHERE relname = 'idempotency_records';
+ROLLBACK;
+RESET ROLE;
+DROP POLICY users_too ON idempotency_records;
+SET ROLE idem_tenant_app;
 -- the application role cannot switch isolation
 SELECT idem_set_tenant_isolation(false);
 RESET ROLE;

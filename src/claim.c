@@ -195,16 +195,16 @@ answer_claimed(IdemClaimResult *res, int64 token, TimestampTz lease_end)
 /*
  * Start a claim.  Returns true when it is answered already: this
  * transaction holds an unwritten claim of the key, which answers as its
- * processing row would.  A fresh claim that will only be held writes
- * nothing that could collide with a concurrent claim, so it must know there
- * is none: it takes the key lock first, then reads with a snapshot taken
- * after the lock, which sees every record whose writer has let go.
+ * processing row would.  A claim that may be held takes the key lock at
+ * once, without waiting (a written claim takes it after its first read;
+ * a lock is no read, so the order changes nothing the claim sees).  Both
+ * read first with the statement's snapshot, as the SQL would.
  */
 static bool
 claim_begin(ClaimState *st, const IdemKey *k, const IdemClaimArgs *args,
 			IdemClaimResult *res)
 {
-	IdemHeldClaim *held = idem_held_find(k);
+	IdemHeldClaim *held = idem_held_find(k, 0);
 
 	st->k = k;
 	st->args = args;
@@ -229,12 +229,10 @@ claim_begin(ClaimState *st, const IdemKey *k, const IdemClaimArgs *args,
 		return true;
 	}
 
-	st->defer = args->may_defer && idem_held_allowed(idem_store_table());
+	st->defer = args->may_defer && idem_direct_probe_available() &&
+		idem_held_allowed(idem_store_table());
 	if (st->defer)
-	{
 		st->have_lock = idem_keylock_acquire(k, 0) == IDEM_KEYLOCK_ACQUIRED;
-		st->fresh = true;
-	}
 	return false;
 }
 
@@ -274,8 +272,7 @@ claim_decide(ClaimState *st)
 
 /*
  * About to write: make sure no other transaction is mid-claim.  A lock
- * taken after a wait (the holder finished), or by a claim that will be
- * held (the read came before the lock), means reading again.
+ * taken after a wait (the holder finished) means reading again.
  */
 static ClaimNext
 claim_lock(ClaimState *st)
@@ -291,8 +288,7 @@ claim_lock(ClaimState *st)
 		return CLAIM_DONE;
 	}
 	st->have_lock = true;
-	return (lr == IDEM_KEYLOCK_ACQUIRED_AFTER_WAIT || st->defer) ?
-		CLAIM_AGAIN : CLAIM_WRITE;
+	return lr == IDEM_KEYLOCK_ACQUIRED_AFTER_WAIT ? CLAIM_AGAIN : CLAIM_WRITE;
 }
 
 /*
@@ -300,11 +296,17 @@ claim_lock(ClaimState *st)
  * inserted the key and gave its key lock back: in progress, as if its lock
  * were held.  A wait lets the key lock go first, so that the batch's own
  * settling of the key never waits on this claim.
+ *
+ * A claim that will be held writes nothing that could meet a record the
+ * statement's snapshot does not show (one committed since), so it asks the
+ * key index what the INSERT's unique check would find: a row there is the
+ * conflict the INSERT would have met, and the claim reads again.
  */
 static ClaimNext
 claim_write_fresh(ClaimState *st)
 {
-	TransactionId inserter = idem_direct_inserter(st->k);
+	TransactionId inserter;
+	bool		taken = idem_direct_key_taken(st->k, &inserter);
 	int64		token;
 	TimestampTz lease_end;
 
@@ -318,6 +320,8 @@ claim_write_fresh(ClaimState *st)
 		st->res->outcome = IDEM_OUTCOME_IN_PROGRESS;
 		return CLAIM_DONE;
 	}
+	if (taken && st->defer)
+		return CLAIM_CONFLICT;
 	token = idem_fresh_token(idem_store_token_sequence(), st->now);
 	lease_end = idem_add_duration(st->now, st->args->lease_us, "lease");
 	if (!(st->defer &&
@@ -572,7 +576,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	idem_claim_args(fcinfo, 3, 4, 5, &args);
 	args.may_defer = true;
 
-
+	idem_store_check_tenant(fcinfo, k.tenant_id);
 	idem_store_begin(fcinfo);
 	idem_claim_one(&k, &args, &res);
 	idem_stats_count_claim(&res);

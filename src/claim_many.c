@@ -580,6 +580,7 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	Batch		batch;
 
 	batch_read_args(fcinfo, &batch);
+	idem_store_check_tenant(fcinfo, batch.tenant_id);
 	batch_mark_repeats(&batch);
 	InitMaterializedSRF(fcinfo, 0);
 

@@ -13,7 +13,9 @@
  *	  this node is an empty shell);
  *	- the caller has SELECT on the whole table (column privileges, and their
  *	  errors, are left to the executor) and USAGE on its schema;
- *	- no row-level security applies to the caller;
+ *	- no row-level security applies to the caller, or only the extension's
+ *	  own tenant isolation, which admits the tenant read;
+ *	- the table has no inheritance children (the SELECT reads them too);
  *	- a snapshot is active (it always is inside a statement).
  *
  * Otherwise store.c reads through SPI.  idempotency.direct_reads = off
@@ -66,6 +68,7 @@ typedef struct RecordColumns
 static Oid	read_table = InvalidOid;
 static Oid	read_index = InvalidOid;
 static bool read_table_distributed = false;
+static const char *read_isolation_setting = NULL;	/* store.c's */
 static RecordColumns columns;
 
 /*
@@ -96,9 +99,11 @@ key_index_usable(Oid key_index)
  * (re)attaches to the table, after the shape check.
  */
 void
-idem_direct_read_attach(Oid table, Oid key_index, bool distributed)
+idem_direct_read_attach(Oid table, Oid key_index, bool distributed,
+						const char *isolation_setting)
 {
 	read_table = table;
+	read_isolation_setting = isolation_setting;
 	read_table_distributed = distributed;
 	read_index = key_index_usable(key_index) ? key_index : InvalidOid;
 	columns.status = get_attnum(table, "status");
@@ -114,17 +119,31 @@ idem_direct_read_attach(Oid table, Oid key_index, bool distributed)
 }
 
 /*
- * Would the prepared SELECT see every row, with no policy in between, and
- * be allowed to name the table (usage of its schema)?
+ * Would the prepared SELECT see the rows of tenant as the index holds
+ * them, and be allowed to name the table (usage of its schema)?  With no
+ * policy applying to the caller, yes; with the extension's own tenant
+ * isolation (store.c recognises it), when the policy admits tenant: it is
+ * one comparison of tenant_id with a setting, the same for every row of
+ * the tenant, evaluated here as the policy would.  (With row_security off
+ * the SELECT raises an error of its own.)  Any other policy: no.
  */
 static bool
-direct_read_allowed(void)
+direct_read_allowed(const text *tenant)
 {
-	return idem_direct_reads && idem_direct_probe_available() && ActiveSnapshotSet() &&
+	if (!idem_direct_reads || !idem_direct_probe_available() || !ActiveSnapshotSet() ||
 		idem_namespace_aclcheck(get_rel_namespace(read_table), GetUserId(),
-							  ACL_USAGE) == ACLCHECK_OK &&
-		pg_class_aclcheck(read_table, GetUserId(), ACL_SELECT) == ACLCHECK_OK &&
-		check_enable_rls(read_table, InvalidOid, true) == RLS_NONE;
+								ACL_USAGE) != ACLCHECK_OK ||
+		pg_class_aclcheck(read_table, GetUserId(), ACL_SELECT) != ACLCHECK_OK)
+		return false;
+	switch (check_enable_rls(read_table, InvalidOid, true))
+	{
+		case RLS_NONE:
+		case RLS_NONE_ENV:
+			return true;
+		default:
+			return read_isolation_setting != NULL && row_security &&
+				idem_isolation_admits(read_isolation_setting, tenant);
+	}
 }
 
 /* A varlena column, copied (and detoasted) into the current context. */
@@ -211,7 +230,7 @@ idem_direct_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot,
 	ScanKeyData keys[2];
 	Snapshot	snapshot;
 
-	if (!direct_read_allowed())
+	if (!direct_read_allowed(k->tenant_id))
 		return false;
 
 	if (fresh_snapshot)
@@ -223,6 +242,20 @@ idem_direct_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot,
 		snapshot = RegisterSnapshot(GetActiveSnapshot());
 
 	heap = table_open(read_table, AccessShareLock);
+
+	/*
+	 * The SELECT reads the table's inheritance children too.  A table
+	 * that may have one is read through it (relhassubclass can stay set
+	 * after the last child is gone, until VACUUM: only its absence is
+	 * proof).  Opening the table has taken in every child committed
+	 * before the lock.
+	 */
+	if (heap->rd_rel->relhassubclass)
+	{
+		table_close(heap, NoLock);
+		UnregisterSnapshot(snapshot);
+		return false;
+	}
 	index = index_open(read_index, AccessShareLock);
 	key_scan_keys(index, k, keys);
 
@@ -255,15 +288,17 @@ idem_direct_probe_available(void)
 }
 
 /*
- * Another transaction that has inserted the record of k and not yet ended
- * (an idem_claim_many that gave its key lock back once its INSERT was
- * done), as its top-level transaction, or InvalidTransactionId.  A probe of the key index with a dirty
- * snapshot, as the unique check of an INSERT makes before it would wait for
- * that transaction: like that check, it sees past privileges and row-level
- * security, and tells only that a transaction is writing this key.
+ * Probe the key index for k with a dirty snapshot, as the unique check of
+ * an INSERT does before it would wait or conflict: like that check, it
+ * sees past privileges and row-level security.  Returns whether any row
+ * of k is there that has not been deleted by a committed transaction: a
+ * committed one (whatever the caller's snapshot shows), this
+ * transaction's own, or one another transaction has inserted and not yet
+ * ended; for the last, *inserter is set to that transaction's top-level
+ * ID (otherwise InvalidTransactionId).
  */
-TransactionId
-idem_direct_inserter(const IdemKey *k)
+bool
+idem_direct_key_taken(const IdemKey *k, TransactionId *inserter)
 {
 	SnapshotData dirty;
 	Relation	heap;
@@ -271,10 +306,11 @@ idem_direct_inserter(const IdemKey *k)
 	IndexScanDesc scan;
 	TupleTableSlot *slot;
 	ScanKeyData keys[2];
-	TransactionId inserter = InvalidTransactionId;
+	bool		taken = false;
 
+	*inserter = InvalidTransactionId;
 	if (!idem_direct_probe_available())
-		return InvalidTransactionId;
+		return false;
 
 	InitDirtySnapshot(dirty);
 	heap = table_open(read_table, AccessShareLock);
@@ -283,9 +319,12 @@ idem_direct_inserter(const IdemKey *k)
 	slot = table_slot_create(heap, NULL);
 	scan = idem_index_beginscan(heap, index, &dirty, 2);
 	index_rescan(scan, keys, 2, NULL, 0);
-	while (!TransactionIdIsValid(inserter) &&
+	while (!TransactionIdIsValid(*inserter) &&
 		   index_getnext_slot(scan, ForwardScanDirection, slot))
-		inserter = dirty.xmin;	/* set when the inserter is still running */
+	{
+		taken = true;
+		*inserter = dirty.xmin; /* set when the inserter is still running */
+	}
 	index_endscan(scan);
 	ExecDropSingleTupleTableSlot(slot);
 	index_close(index, NoLock);
@@ -296,6 +335,22 @@ idem_direct_inserter(const IdemKey *k)
 	 * one), whose own lock ends when it commits: name the transaction that
 	 * is still running, the one to wait for.
 	 */
-	return TransactionIdIsValid(inserter) ?
-		SubTransGetTopmostTransaction(inserter) : InvalidTransactionId;
+	if (TransactionIdIsValid(*inserter))
+		*inserter = SubTransGetTopmostTransaction(*inserter);
+	return taken;
+}
+
+/*
+ * Another transaction that has inserted the record of k and not yet ended
+ * (an idem_claim_many that gave its key lock back once its INSERT was
+ * done), as its top-level transaction, or InvalidTransactionId.  It tells
+ * only that a transaction is writing this key.
+ */
+TransactionId
+idem_direct_inserter(const IdemKey *k)
+{
+	TransactionId inserter;
+
+	(void) idem_direct_key_taken(k, &inserter);
+	return inserter;
 }

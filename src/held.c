@@ -48,6 +48,8 @@
  */
 #include "postgres.h"
 
+#include "access/detoast.h"
+#include "access/heaptoast.h"
 #include "access/relation.h"
 #include "access/xact.h"
 #include "catalog/pg_class.h"
@@ -150,19 +152,26 @@ mark_written(IdemHeldClaim *p)
 	update_held_flag();
 }
 
+/* May role do all of mode on table, in a schema it may use? */
+static bool
+role_may_use_table(Oid role, Oid schema, Oid table, AclMode mode)
+{
+	AclMode		each[] = {ACL_SELECT, ACL_INSERT, ACL_UPDATE, ACL_DELETE};
+
+	if (idem_namespace_aclcheck(schema, role, ACL_USAGE) != ACLCHECK_OK)
+		return false;
+	for (size_t i = 0; i < lengthof(each); i++)
+		if ((mode & each[i]) &&
+			pg_class_aclcheck(table, role, each[i]) != ACLCHECK_OK)
+			return false;
+	return true;
+}
+
 /* May the current user do all of mode on table, in a schema it may use? */
 static bool
 may_use_table(Oid schema, Oid table, AclMode mode)
 {
-	AclMode		each[] = {ACL_SELECT, ACL_INSERT, ACL_UPDATE, ACL_DELETE};
-
-	if (idem_namespace_aclcheck(schema, GetUserId(), ACL_USAGE) != ACLCHECK_OK)
-		return false;
-	for (size_t i = 0; i < lengthof(each); i++)
-		if ((mode & each[i]) &&
-			pg_class_aclcheck(table, GetUserId(), each[i]) != ACLCHECK_OK)
-			return false;
-	return true;
+	return role_may_use_table(GetUserId(), schema, table, mode);
 }
 
 /*
@@ -186,18 +195,30 @@ idem_held_allowed(Oid table)
 		return false;
 	if (!idem_store_table_as_made())
 		return false;
-	return may_use_table(idem_store_schema(), table, ACL_SELECT | ACL_INSERT);
+	if (!may_use_table(idem_store_schema(), table, ACL_SELECT | ACL_INSERT))
+		return false;
+
+	/*
+	 * The held claim is written by the table's owner (write_as_owner), so
+	 * the owner must be able to write every step of its history: an owner
+	 * stripped of its own rights, or without USAGE on the extension's
+	 * schema, would fail at COMMIT where the caller's INSERT succeeded.
+	 */
+	return role_may_use_table(idem_table_owner(table), idem_store_schema(), table,
+							  ACL_SELECT | ACL_INSERT | ACL_UPDATE | ACL_DELETE);
 }
 
 /*
  * The held, unsettled claim of k in this transaction, or NULL.  A held
  * claim of k that was settled already (completed, failed or released) is
  * written first, so that the caller reads and writes the key as it would
- * have been written; so is one whose record the caller may not read (the
- * SELECT it would run checks that): it then meets the read's own error.
+ * have been written; so is one whose record the caller may not read, or
+ * may not change as mode says (the UPDATE or DELETE of a settle): the
+ * caller's statement then meets its own privilege error, before anything
+ * looks at the token, exactly as it would on a written claim.
  */
 IdemHeldClaim *
-idem_held_find(const IdemKey *k)
+idem_held_find(const IdemKey *k, AclMode mode)
 {
 	for (int i = 0; i < held_used; i++)
 	{
@@ -206,7 +227,8 @@ idem_held_find(const IdemKey *k)
 		if (!is_held(p) || !idem_text_equal(p->key, k->key) ||
 			!idem_text_equal(p->tenant_id, k->tenant_id))
 			continue;
-		if (p->settle == IDEM_HELD_OPEN && may_use_table(p->schema, p->table, ACL_SELECT))
+		if (p->settle == IDEM_HELD_OPEN &&
+			may_use_table(p->schema, p->table, ACL_SELECT | mode))
 			return p;
 		idem_held_materialize(p);
 		return NULL;
@@ -455,6 +477,27 @@ may_record_settle(IdemHeldClaim *p, AclMode mode)
 }
 
 /*
+ * Could the row a settle with this response writes be toasted?  Its UPDATE
+ * would then store the response in the TOAST table, taking that table's
+ * and its index's RowExclusiveLock at the settle, and a held settle cannot
+ * take them as the UPDATE would: whether a value goes out of line is
+ * decided while the row is formed.  So a settle that might toast is not
+ * recorded; the claim is written and settled at once.  The bound is the
+ * one heap_update toasts above, less the most the row's other columns can
+ * take (three identifiers of at most IDEM_MAX_IDENTIFIER_BYTES, and 256
+ * bytes for the tuple header and the fixed-width columns), so a row that
+ * might cross it is never held.
+ */
+#define ROW_ALLOWANCE_BYTES \
+	(3 * (IDEM_MAX_IDENTIFIER_BYTES + VARHDRSZ) + 256)
+
+static bool
+may_be_toasted(Datum response)
+{
+	return toast_raw_datum_size(response) + ROW_ALLOWANCE_BYTES > TOAST_TUPLE_THRESHOLD;
+}
+
+/*
  * Complete (IDEM_COMPLETED) or fail (IDEM_FAILED) a held claim.  Returns
  * false when the claim was written instead and the caller must settle it
  * as a written claim.
@@ -465,6 +508,11 @@ idem_held_finish(IdemHeldClaim *p, IdemStatus status, Datum response,
 {
 	MemoryContext old;
 
+	if (!response_isnull && may_be_toasted(response))
+	{
+		idem_held_materialize(p);
+		return false;
+	}
 	if (!may_record_settle(p, ACL_SELECT | ACL_UPDATE))
 		return false;
 	p->settle_cid = act_as_statement();

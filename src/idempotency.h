@@ -143,6 +143,7 @@ typedef struct IdemKey
 extern void idem_store_init(void);
 extern void idem_store_begin(FunctionCallInfo fcinfo);
 extern void idem_store_begin_in_schema(Oid nsp);
+extern void idem_store_check_tenant(FunctionCallInfo fcinfo, const text *tenant);
 extern void idem_store_end(void);
 extern Oid	idem_store_table(void);
 extern Oid	idem_store_schema(void);
@@ -194,6 +195,8 @@ extern bool idem_store_forget(const IdemKey *k);
 /* the table's shape (table_shape.c) */
 extern Oid	idem_check_table_shape(Oid table, bool *has_checkpoints);
 extern bool idem_table_is_as_made(Oid table);
+extern char *idem_table_isolation_setting(Oid table);
+extern bool idem_isolation_admits(const char *setting, const text *tenant);
 extern Oid	idem_table_owner(Oid table);
 extern void idem_check_result_shape(Oid table, TupleDesc desc,
 									const Oid *types, int n);
@@ -222,11 +225,13 @@ extern void idem_check_not_null(bool isnull, const char *column);
 /* ---------- the replay fast path (direct_read.c) ---------- */
 
 extern void idem_direct_read_attach(Oid table, Oid key_index,
-									bool distributed);
+									bool distributed,
+									const char *isolation_setting);
 extern bool idem_direct_read(const IdemKey *k, IdemRecord *rec,
 							 bool fresh_snapshot, bool *found);
 extern bool idem_direct_probe_available(void);
 extern TransactionId idem_direct_inserter(const IdemKey *k);
+extern bool idem_direct_key_taken(const IdemKey *k, TransactionId *inserter);
 
 /* ---------- a Citus cluster (citus.c) ---------- */
 
@@ -324,7 +329,7 @@ typedef struct IdemHeldClaim
 
 extern PGDLLIMPORT bool idem_claims_held;
 extern bool idem_held_allowed(Oid table);
-extern IdemHeldClaim *idem_held_find(const IdemKey *k);
+extern IdemHeldClaim *idem_held_find(const IdemKey *k, AclMode mode);
 extern bool idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
 							 TimestampTz now, TimestampTz lease_expires_at,
 							 int64 ttl_us);

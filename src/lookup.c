@@ -33,6 +33,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 
 	k.tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
 	k.key = idem_arg_identifier(fcinfo, 1, "key", true);
+	idem_store_check_tenant(fcinfo, k.tenant_id);
 
 	InitMaterializedSRF(fcinfo, 0);
 
@@ -84,6 +85,7 @@ idem_forget(PG_FUNCTION_ARGS)
 
 	k.tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
 	k.key = idem_arg_identifier(fcinfo, 1, "key", true);
+	idem_store_check_tenant(fcinfo, k.tenant_id);
 
 	/* held claims: written before this statement started (readers.c), or
 	 * now, when it is called outside any statement (a PL/pgSQL expression) */

@@ -112,14 +112,24 @@ classify_utility(Node *stmt)
 		case T_VariableSetStmt:
 			return set_changes_writability((VariableSetStmt *) stmt) ?
 				UTILITY_READER : UTILITY_QUIET;
+		case T_DeclareCursorStmt:
+
+			/*
+			 * A cursor WITH HOLD is run to its end at COMMIT, with the
+			 * snapshot of its DECLARE: held claims are written as their
+			 * history before it, so that snapshot sees them.
+			 */
+			return (((DeclareCursorStmt *) stmt)->options & CURSOR_OPT_HOLD) ?
+				UTILITY_READER : UTILITY_QUIET;
+		case T_ExplainStmt:
+			/* planning reads the table's size and its indexes' ranges */
+			return UTILITY_READER;
 		case T_VariableShowStmt:
 		case T_FetchStmt:
 		case T_ClosePortalStmt:
-		case T_DeclareCursorStmt:
 		case T_PrepareStmt:
 		case T_ExecuteStmt:
 		case T_DeallocateStmt:
-		case T_ExplainStmt:
 		case T_ListenStmt:
 		case T_UnlistenStmt:
 		case T_NotifyStmt:
@@ -129,6 +139,17 @@ classify_utility(Node *stmt)
 		default:
 			return UTILITY_READER;
 	}
+}
+
+/*
+ * Is the transaction block failed, so that its end is a rollback whatever
+ * the statement that ends it says?  ('E' is what the protocol reports for
+ * a failed block, in every state of ending one.)
+ */
+static bool
+transaction_block_failed(void)
+{
+	return TransactionBlockStatusCode() == 'E';
 }
 
 static void
@@ -165,9 +186,11 @@ armed_process_utility(PlannedStmt *pstmt, const char *queryString,
 	 * statement is over.  Writing held claims here is still inside the
 	 * statement (statement_timeout and lock_timeout apply), and an error
 	 * here ends the transaction block just as a failing deferred
-	 * constraint does.
+	 * constraint does.  In a failed block (an error, in the block or in a
+	 * savepoint not rolled back to) the COMMIT has become a ROLLBACK:
+	 * nothing is written, as the claims' INSERTs would be rolled back.
 	 */
-	if (kind == UTILITY_COMMIT)
+	if (kind == UTILITY_COMMIT && !transaction_block_failed())
 		idem_held_write_final();
 }
 

@@ -85,27 +85,34 @@ check_durability(const char *action)
 }
 
 /*
- * The held claim of k in this transaction (held.c), if any.  Its token
- * is the key's current token, so any other token is refused here exactly
- * as the record would refuse it.
+ * The held claim of k in this transaction (held.c), if any, when the
+ * caller may do what the settle's statement does (mode: ACL_UPDATE or
+ * ACL_DELETE); otherwise the claim is written and the statement meets its
+ * privilege error first, as on a written claim.  A held claim's token is
+ * the key's current token, so any other token is refused here exactly as
+ * the record would refuse it.
  */
 static IdemHeldClaim *
-held_claim(const IdemKey *k, int64 token, const char *action)
+held_claim(const IdemKey *k, int64 token, const char *action, AclMode mode)
 {
-	IdemHeldClaim *p = idem_held_find(k);
+	IdemHeldClaim *p = idem_held_find(k, mode);
 
 	if (p != NULL && p->token != token)
 		refuse_token(token, action);
 	return p;
 }
 
-/* Read the (tenant_id, key, token) arguments every fenced write starts with. */
+/*
+ * Read the (tenant_id, key, token) arguments every fenced write starts
+ * with, and refuse a tenant the session may not see (store.c).
+ */
 static void
 fenced_args(FunctionCallInfo fcinfo, IdemKey *k, int64 *token)
 {
 	k->tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
 	k->key = idem_arg_identifier(fcinfo, 1, "key", true);
 	*token = idem_arg_token(fcinfo, 2);
+	idem_store_check_tenant(fcinfo, k->tenant_id);
 }
 
 /*
@@ -126,7 +133,7 @@ idem_complete(PG_FUNCTION_ARGS)
 	response = idem_arg_jsonb(fcinfo, 3, "response", &response_isnull);
 	check_durability("idem_complete");
 
-	held = held_claim(&k, token, "complete");
+	held = held_claim(&k, token, "complete", ACL_UPDATE);
 	if (held == NULL ||
 		!idem_held_finish(held, IDEM_COMPLETED, response, response_isnull,
 							 GetCurrentTimestamp()))
@@ -186,7 +193,8 @@ idem_release(PG_FUNCTION_ARGS)
 	if (!failure_isnull)
 		check_durability("idem_release");
 
-	held = held_claim(&k, token, "release");
+	held = held_claim(&k, token, "release",
+					  failure_isnull ? ACL_DELETE : ACL_UPDATE);
 	if (held == NULL ||
 		!(failure_isnull ?
 		  idem_held_release(held, GetCurrentTimestamp()) :
@@ -235,7 +243,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	lease_end = idem_add_duration(now, lease_us, "lease");
 
 	/* a held claim is written first, then extended as a written one */
-	held = held_claim(&k, token, "heartbeat");
+	held = held_claim(&k, token, "heartbeat", ACL_UPDATE);
 	if (held != NULL)
 		idem_held_materialize(held);
 	idem_store_begin(fcinfo);
@@ -282,7 +290,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 									  "lease");
 
 	/* a held claim is written first, then checkpointed as a written one */
-	held = held_claim(&k, token, "checkpoint");
+	held = held_claim(&k, token, "checkpoint", ACL_UPDATE);
 	if (held != NULL)
 		idem_held_materialize(held);
 	idem_store_begin(fcinfo);

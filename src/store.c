@@ -30,6 +30,7 @@
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/rls.h"
 #include "utils/syscache.h"
 
 #include "idempotency.h"
@@ -366,6 +367,8 @@ static bool table_verified = false;
 static bool has_checkpoints = false;	/* recovery_point and state (1.1) */
 static bool table_distributed = false;	/* by Citus (citus.c) */
 static bool table_as_made = false;	/* as the extension made it */
+static char *isolation_setting = NULL;	/* the extension's own tenant
+										 * isolation: its setting */
 static SPIPlanPtr plans[NUM_QUERIES];
 
 /*
@@ -634,7 +637,18 @@ store_attach(Oid nsp)
 	has_checkpoints = checkpoints;
 	table_distributed = distributed;
 	table_as_made = idem_table_is_as_made(table);
-	idem_direct_read_attach(table, key_index, table_distributed);
+	if (isolation_setting != NULL)
+		pfree(isolation_setting);
+	isolation_setting = NULL;
+	if (!table_distributed)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		isolation_setting = idem_table_isolation_setting(table);
+		MemoryContextSwitchTo(old);
+	}
+	idem_direct_read_attach(table, key_index, table_distributed,
+							isolation_setting);
 	cached_schema = nsp;
 	cached_table = table;
 	table_verified = true;
@@ -650,6 +664,46 @@ idem_store_begin(FunctionCallInfo fcinfo)
 	store_attach(function_schema(fcinfo->flinfo->fn_oid));
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
+}
+
+/*
+ * Refuse a call for a tenant the session may not see, when the extension's
+ * own tenant isolation applies to the caller: our own error, naming the
+ * setting and how to set it, before anything is read, held or written
+ * (the policy alone would answer a claim with a bare row-level security
+ * violation, and a lookup with nothing).  Callers the policy does not
+ * apply to (the table's owner, BYPASSRLS roles) are not checked; nor is
+ * any other policy, which the statements meet as the user wrote it.  With
+ * row_security off the statements raise PostgreSQL's own error.
+ */
+void
+idem_store_check_tenant(FunctionCallInfo fcinfo, const text *tenant)
+{
+	const char *value;
+
+	store_attach(function_schema(fcinfo->flinfo->fn_oid));
+	if (isolation_setting == NULL || !row_security ||
+		check_enable_rls(cached_table, InvalidOid, true) != RLS_ENABLED ||
+		idem_isolation_admits(isolation_setting, tenant))
+		return;
+
+	value = GetConfigOptionByName(isolation_setting, NULL, true);
+	if (value == NULL || value[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("tenant isolation is on, but \"%s\" is not set", isolation_setting),
+				 errdetail("Each session sees and writes only the records of the tenant that \"%s\" names.",
+						   isolation_setting),
+				 errhint("Name the tenant in the transaction before the call: SELECT set_config('%s', '%s', true).",
+						 isolation_setting, text_to_cstring(tenant))));
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("tenant isolation confines this session to tenant \"%s\", not \"%s\"",
+					value, text_to_cstring(tenant)),
+			 errdetail("\"%s\" names the tenant whose records this session sees and writes.",
+					   isolation_setting),
+			 errhint("Set it to the call's tenant in the transaction: SELECT set_config('%s', '%s', true).",
+					 isolation_setting, text_to_cstring(tenant))));
 }
 
 /*

@@ -23,9 +23,15 @@
 #include "catalog/pg_constraint.h"
 #include "catalog/pg_index.h"
 #include "catalog/pg_inherits.h"
+#include "catalog/pg_operator.h"
 #include "catalog/pg_type.h"
+#include "nodes/primnodes.h"
+#include "rewrite/rowsecurity.h"
+#include "utils/acl.h"
+#include "utils/array.h"
 #include "utils/fmgroids.h"
 #include "utils/builtins.h"
+#include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
 #include "utils/relcache.h"
@@ -281,10 +287,105 @@ index_is_as_made(Oid indexoid, Oid key_index)
 }
 
 /*
+ * Is expr "tenant_id = pg_catalog.current_setting(<name>, true)", compared
+ * byte for byte (a deterministic collation)?  Returns the name, or NULL.
+ */
+static const char *
+tenant_comparison_setting(Relation rel, Expr *expr)
+{
+	OpExpr	   *op = (OpExpr *) expr;
+	Var		   *column;
+	FuncExpr   *setting;
+	Const	   *name;
+	Const	   *missing_ok;
+
+	if (expr == NULL || !IsA(expr, OpExpr) || op->opno != TextEqualOperator ||
+		list_length(op->args) != 2 || !OidIsValid(op->inputcollid) ||
+		!get_collation_isdeterministic(op->inputcollid))
+		return NULL;
+	column = linitial(op->args);
+	setting = lsecond(op->args);
+	if (!IsA(column, Var) || column->varlevelsup != 0 ||
+		column->varattno != get_attnum(RelationGetRelid(rel), "tenant_id") ||
+		!IsA(setting, FuncExpr) || setting->funcid != F_CURRENT_SETTING_TEXT_BOOL ||
+		list_length(setting->args) != 2)
+		return NULL;
+	name = linitial(setting->args);
+	missing_ok = lsecond(setting->args);
+	if (!IsA(name, Const) || name->consttype != TEXTOID || name->constisnull ||
+		!IsA(missing_ok, Const) || missing_ok->consttype != BOOLOID ||
+		missing_ok->constisnull || !DatumGetBool(missing_ok->constvalue))
+		return NULL;
+	return TextDatumGetCString(name->constvalue);
+}
+
+/*
+ * The custom setting that confines sessions to one tenant, when row-level
+ * security on rel is exactly the extension's own tenant isolation
+ * (idem_set_tenant_isolation on a single server): row-level security on
+ * and not forced, and one policy, idem_tenant_isolation, permissive, for
+ * every command and role, with no WITH CHECK of its own and the qual
+ * "tenant_id = current_setting(<setting>, true)".  NULL for anything else
+ * (no row-level security at all included).  Recognised by what the policy
+ * is, not by its name alone: whatever else a user made is read through SQL.
+ */
+static const char *
+own_isolation_setting(Relation rel)
+{
+	RowSecurityPolicy *policy;
+	ArrayType  *roles;
+
+	if (!rel->rd_rel->relrowsecurity || rel->rd_rel->relforcerowsecurity ||
+		rel->rd_rsdesc == NULL || list_length(rel->rd_rsdesc->policies) != 1)
+		return NULL;
+	policy = linitial(rel->rd_rsdesc->policies);
+	roles = policy->roles;
+	if (strcmp(policy->policy_name, "idem_tenant_isolation") != 0 ||
+		policy->polcmd != '*' || !policy->permissive || policy->hassublinks ||
+		policy->with_check_qual != NULL || roles == NULL ||
+		ARR_NDIM(roles) != 1 || ARR_DIMS(roles)[0] != 1 || ARR_HASNULL(roles) ||
+		*(Oid *) ((char *) roles + ARR_OVERHEAD_NONULLS(1)) != ACL_ID_PUBLIC)
+		return NULL;
+	return tenant_comparison_setting(rel, policy->qual);
+}
+
+/*
+ * The setting of the extension's own tenant isolation on table (see
+ * own_isolation_setting), allocated in the caller's memory context, or
+ * NULL.
+ */
+char *
+idem_table_isolation_setting(Oid table)
+{
+	Relation	rel = relation_open(table, AccessShareLock);
+	const char *setting = own_isolation_setting(rel);
+	char	   *copy = setting ? pstrdup(setting) : NULL;
+
+	relation_close(rel, AccessShareLock);
+	return copy;
+}
+
+/*
+ * Does the policy "tenant_id = current_setting(setting, true)" let the
+ * current session see tenant's rows?  Evaluated as the policy evaluates
+ * it: current_setting()'s own lookup (NULL when the setting does not
+ * exist), compared byte for byte.
+ */
+bool
+idem_isolation_admits(const char *setting, const text *tenant)
+{
+	const char *value = GetConfigOptionByName(setting, NULL, true);
+
+	return value != NULL && strlen(value) == VARSIZE_ANY_EXHDR(tenant) &&
+		memcmp(value, VARDATA_ANY(tenant), VARSIZE_ANY_EXHDR(tenant)) == 0;
+}
+
+/*
  * Is the table exactly as the extension made it: a plain heap table with
  * only its own columns (types, collations, NOT NULL, no defaults), only the
  * key constraint, indexes as index_is_as_made() says, and no triggers,
- * rules, row-level security, children or parent?  Then an INSERT, UPDATE
+ * rules, children or parent, and no row-level security but the
+ * extension's own tenant isolation?  Then an INSERT, UPDATE
  * or DELETE of a record runs no code but PostgreSQL's own and can fail only
  * on the key, so a claim may be held (held.c).  Anything else and
  * claims are written at once, where whatever was added takes effect.
@@ -305,7 +406,8 @@ idem_table_is_as_made(Oid table)
 	 * or child is gone (until VACUUM): look at what there is.
 	 */
 	as_made = form->relkind == RELKIND_RELATION && form->relam == HEAP_TABLE_AM_OID &&
-		rel->trigdesc == NULL && rel->rd_rules == NULL && !form->relrowsecurity &&
+		rel->trigdesc == NULL && rel->rd_rules == NULL &&
+		(!form->relrowsecurity || own_isolation_setting(rel) != NULL) &&
 		!form->relforcerowsecurity && !form->relispartition &&
 		(!form->relhassubclass || find_inheritance_children(table, NoLock) == NIL) &&
 		(desc->constr == NULL || (desc->constr->num_check == 0 &&
