@@ -3,7 +3,9 @@ test/integrations/contract.py runs against examples/fastapi): the
 key_required=False option, called in-process through ASGI (no server, no
 HTTP client library), against a real PostgreSQL as the application role.
 
-run(check, admin_dsn, app_dsn) as in function_checks.py.
+run(check, admin_dsn, app_dsn, tenant_setting) as in function_checks.py:
+with tenant isolation on, the Idempotency gets tenant_setting, and one made
+without it is refused by the server (55000 or 42501).
 """
 import asyncio
 import json
@@ -32,9 +34,9 @@ class Payment(BaseModel):
     amount: int
 
 
-def make_app(pool):
+def make_app(pool, tenant_setting):
     app = FastAPI()
-    optional = Idempotency(pool, tenant="X-Client-Id", key_required=False)
+    optional = Idempotency(pool, tenant="X-Client-Id", key_required=False, tenant_setting=tenant_setting)
 
     @app.post("/payments")
     @optional(status_code=201)
@@ -49,8 +51,10 @@ def make_app(pool):
     return app
 
 
-async def post(app, body, headers=()):
-    """One POST /payments through the ASGI interface: (status, headers, body)."""
+async def post(app, body, headers=(), errors=None):
+    """One POST /payments through the ASGI interface: (status, headers, body).
+    With a list as errors, an exception the app raises after answering (as
+    FastAPI does after its 500) is appended to it instead of raised."""
     data = json.dumps(body).encode()
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
              "scheme": "http", "path": "/payments", "raw_path": b"/payments", "query_string": b"",
@@ -70,24 +74,30 @@ async def post(app, body, headers=()):
         elif message["type"] == "http.response.body":
             answer["body"] += message.get("body", b"")
 
-    await app(scope, receive, send)
-    return answer["status"], answer["headers"], answer["body"]
+    try:
+        await app(scope, receive, send)
+    except Exception as e:
+        if errors is None:
+            raise
+        errors.append(e)
+    return answer.get("status"), answer["headers"], answer["body"]
 
 
-def run(check, admin_dsn, app_dsn):
+def run(check, admin_dsn, app_dsn, tenant_setting=None):
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         admin.execute(SCHEMA)
-        asyncio.run(check_optional_key(check, admin, app_dsn))
+        asyncio.run(check_optional_key(check, admin, app_dsn, tenant_setting))
 
 
-async def check_optional_key(check, admin, app_dsn):
+async def check_optional_key(check, admin, app_dsn, tenant_setting):
     def rows(amount):
         return admin.execute("SELECT count(*) FROM optional_key_effects WHERE amount = %s", (amount,)).fetchone()[0]
 
     pool = AsyncConnectionPool(app_dsn, min_size=1, max_size=2, kwargs={"autocommit": True}, open=False)
     await pool.open(wait=True)
     try:
-        app = make_app(pool)
+        await check_tenant_setting(check, pool, tenant_setting, rows)
+        app = make_app(pool, tenant_setting)
         s1, h1, b1 = await post(app, {"amount": 11})
         s2, h2, b2 = await post(app, {"amount": 11})
         check(s1 == 201 and s2 == 201 and json.loads(b1)["keyed"] is False and b1 != b2
@@ -114,3 +124,29 @@ async def check_optional_key(check, admin, app_dsn):
               f"{s} {b!r}")
     finally:
         await pool.close()
+
+
+async def check_tenant_setting(check, pool, tenant_setting, rows):
+    """tenant_setting is checked when the Idempotency is made; with tenant
+    isolation on, an endpoint made without it answers 500, its claim refused
+    by the server (55000 or 42501), and runs nothing; with isolation off it runs."""
+    for bad in ("tenant", "app.x'); DROP TABLE optional_key_effects; --"):
+        try:
+            Idempotency(pool, tenant_setting=bad)
+            e = None
+        except ValueError as exc:
+            e = exc
+        check(e is not None and "tenant_setting" in str(e),
+              f"fastapi: tenant_setting={bad!r} is refused when the Idempotency is made", repr(e))
+    errors = []
+    status, _, body = await post(make_app(pool, None), {"amount": 14},
+                                 (("Idempotency-Key", "no-setting"), ("X-Client-Id", "shop-no-setting")), errors)
+    state = errors[0].sqlstate if errors and isinstance(errors[0], psycopg.Error) else errors or None
+    if tenant_setting:
+        check(status == 500 and state in ("55000", "42501") and rows(14) == 0,
+              "fastapi, isolation on: an Idempotency made without tenant_setting answers 500 (the claim refused"
+              " with 55000 or 42501), the endpoint does not run", f"{status} {state} {body[:200]!r}")
+    else:
+        check(status == 201 and state is None and rows(14) == 1,
+              "fastapi, isolation off: an Idempotency made without tenant_setting runs the endpoint",
+              f"{status} {state} {body[:200]!r}")

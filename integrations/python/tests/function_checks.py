@@ -2,15 +2,18 @@
 extension, run by test/suites/76-python as the unprivileged role of the
 example schema (examples/fastapi/schema.sql, role ledger_app).
 
-run(check, admin_dsn, app_dsn): check(ok, what, detail="") counts one
-assertion; admin_dsn is a superuser's (to create the table these checks
-write to), app_dsn the application role's.
+run(check, admin_dsn, app_dsn, tenant_setting): check(ok, what, detail="")
+counts one assertion; admin_dsn is a superuser's (to create the table these
+checks write to), app_dsn the application role's; tenant_setting is None
+with tenant isolation off, else the setting its policy reads ('app.tenant'),
+given to every decorator under test.
 """
 import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import psycopg
 
@@ -61,71 +64,94 @@ def raises(exc_type, call):
 
 # ---------------------------------------------------------------- handlers under test
 
-@idempotent_function(key="order_id", payload_validation=["order_id", "amount"], tenant="billing", ttl="7 days")
-def charge(conn, event):
-    ran("charge")
-    conn.execute("INSERT INTO consumer_effects (handler, key, amount) VALUES ('charge', %s, %s)",
-                 (event["order_id"], event["amount"]))
-    if event.get("fail"):
-        raise RuntimeError("the charge failed after its insert")
-    return {"charged": event["amount"], "currency": "EUR"}
-
-
-@idempotent_function(key="Records[0].body.message_id", tenant=lambda e: e["Records"][0]["queue"])
-def consume(conn: psycopg.Connection, message: dict):
-    ran("consume")
-    conn.execute("INSERT INTO consumer_effects (handler, key) VALUES ('consume', %s)",
-                 (message["Records"][0]["body"]["message_id"],))
-    return None                                   # nothing to return is a result too
-
-
 @dataclass
 class Job:
     job_id: int
     payload: dict
 
 
-@idempotent_function(key=lambda job: None if job.job_id is None else f"job-{job.job_id}", payload_validation="*", tenant="jobs",
-                     event_argument="job", connection_argument="db", key_required=False)
-def run_job(job: Job, db, attempt: int = 1):
-    ran("run_job")
-    db.execute("INSERT INTO consumer_effects (handler, key) VALUES ('run_job', %s)", (str(job.job_id),))
-    return {"job": job.job_id, "payload": job.payload}
+def handlers(tenant_setting):
+    """The decorated functions under test, each given tenant_setting (None:
+    tenant isolation off)."""
+    @idempotent_function(key="order_id", payload_validation=["order_id", "amount"], tenant="billing", ttl="7 days",
+                         tenant_setting=tenant_setting)
+    def charge(conn, event):
+        ran("charge")
+        conn.execute("INSERT INTO consumer_effects (handler, key, amount) VALUES ('charge', %s, %s)",
+                     (event["order_id"], event["amount"]))
+        if event.get("fail"):
+            raise RuntimeError("the charge failed after its insert")
+        return {"charged": event["amount"], "currency": "EUR"}
 
+    @idempotent_function(key="Records[0].body.message_id", tenant=lambda e: e["Records"][0]["queue"],
+                         tenant_setting=tenant_setting)
+    def consume(conn: psycopg.Connection, message: dict):
+        ran("consume")
+        conn.execute("INSERT INTO consumer_effects (handler, key) VALUES ('consume', %s)",
+                     (message["Records"][0]["body"]["message_id"],))
+        return None                                   # nothing to return is a result too
 
-@idempotent_function(key="id", tenant="slow", wait="10 seconds")
-def slow(conn, event):
-    ran("slow")
-    conn.execute("INSERT INTO consumer_effects (handler, key) VALUES ('slow', %s)", (event["id"],))
-    time.sleep(0.3)
-    return {"done": event["id"]}
+    @idempotent_function(key=lambda job: None if job.job_id is None else f"job-{job.job_id}", payload_validation="*",
+                         tenant="jobs", event_argument="job", connection_argument="db", key_required=False,
+                         tenant_setting=tenant_setting)
+    def run_job(job: Job, db, attempt: int = 1):
+        ran("run_job")
+        db.execute("INSERT INTO consumer_effects (handler, key) VALUES ('run_job', %s)", (str(job.job_id),))
+        return {"job": job.job_id, "payload": job.payload}
 
+    @idempotent_function(key="id", tenant="slow", wait="10 seconds", tenant_setting=tenant_setting)
+    def slow(conn, event):
+        ran("slow")
+        conn.execute("INSERT INTO consumer_effects (handler, key) VALUES ('slow', %s)", (event["id"],))
+        time.sleep(0.3)
+        return {"done": event["id"]}
 
-@idempotent_function(key="id", tenant="unserializable")
-def unserializable(conn, event):
-    conn.execute("INSERT INTO consumer_effects (handler, key) VALUES ('unserializable', %s)", (event["id"],))
-    return {"lock": threading.Lock()}
+    @idempotent_function(key="id", tenant="unserializable", tenant_setting=tenant_setting)
+    def unserializable(conn, event):
+        conn.execute("INSERT INTO consumer_effects (handler, key) VALUES ('unserializable', %s)", (event["id"],))
+        return {"lock": threading.Lock()}
 
+    @idempotent_function(key="id", payload_validation="amount", tenant="async", tenant_setting=tenant_setting)
+    async def charge_async(conn: psycopg.AsyncConnection, event):
+        ran("charge_async")
+        await conn.execute("INSERT INTO consumer_effects (handler, key, amount) VALUES ('charge_async', %s, %s)",
+                           (event["id"], event["amount"]))
+        if event.get("fail"):
+            raise RuntimeError("failing after the insert")
+        return {"charged": event["amount"]}
 
-@idempotent_function(key="id", payload_validation="amount", tenant="async")
-async def charge_async(conn: psycopg.AsyncConnection, event):
-    ran("charge_async")
-    await conn.execute("INSERT INTO consumer_effects (handler, key, amount) VALUES ('charge_async', %s, %s)",
-                       (event["id"], event["amount"]))
-    if event.get("fail"):
-        raise RuntimeError("failing after the insert")
-    return {"charged": event["amount"]}
+    return SimpleNamespace(charge=charge, consume=consume, run_job=run_job, slow=slow,
+                           unserializable=unserializable, charge_async=charge_async)
 
 
 # ---------------------------------------------------------------- checks
 
-def run(check, admin_dsn, app_dsn):
+h = None                # this run's handlers (handlers(tenant_setting))
+setting = None          # this run's tenant_setting
+
+
+def as_tenant(conn, tenant):
+    """A connection the checks claim on directly, as tenant (for the rest of
+    its session) when tenant isolation is on."""
+    if setting:
+        conn.execute("SELECT set_config(%s, %s, false)", (setting, tenant))
+        conn.commit()
+
+
+def run(check, admin_dsn, app_dsn, tenant_setting=None):
+    """tenant_setting: None with tenant isolation off; with it on, the setting
+    its policy reads, given to every decorator under test."""
+    global h, setting
+    h, setting = handlers(tenant_setting), tenant_setting
+    calls.clear()
     admin = psycopg.connect(admin_dsn, autocommit=True)
     admin.execute(SCHEMA)
     app = psycopg.connect(app_dsn)                       # not autocommit: the decorator's transaction
     started = time.time()
     try:
+        check_tenant_setting(check, admin, app)
         check_basic(check, admin, app)
+        check_isolated(check, admin, app)
         check_paths_tenants_results(check, admin, app)
         check_failures(check, admin, app)
         check_in_progress(check, admin, app, app_dsn)
@@ -138,9 +164,54 @@ def run(check, admin_dsn, app_dsn):
     print(f"     (decorator checks: {time.time() - started:.1f} s)")
 
 
+def check_tenant_setting(check, admin, app):
+    """tenant_setting is checked when the function is decorated; with tenant
+    isolation on, a function decorated without it is refused by the server
+    (55000: the setting is not set, or 42501), runs nothing and stores
+    nothing; with isolation off it runs."""
+    for bad in ("tenant", "app.x'); DROP TABLE consumer_effects; --", 1):
+        e = raises(ValueError, lambda: idempotent_function(key="id", tenant_setting=bad)(lambda conn, event: None))
+        check(isinstance(e, ValueError) and "tenant_setting" in str(e),
+              f"consumer: tenant_setting={bad!r} is refused when the function is decorated", repr(e))
+
+    @idempotent_function(key="id", tenant="no-setting")
+    def unset(conn, event):
+        ran("unset")
+        conn.execute("INSERT INTO consumer_effects (handler, key) VALUES ('unset', %s)", (event["id"],))
+        return {"ran": True}
+
+    try:
+        result, state = unset(app, {"id": "n-1"}), None
+    except psycopg.Error as e:
+        result, state = None, e.sqlstate
+    if setting:
+        check(state in ("55000", "42501") and "unset" not in calls and effects(admin, "unset") == 0
+              and record(admin, "no-setting", "n-1") is None,
+              "consumer, isolation on: a function decorated without tenant_setting is refused (55000 or 42501),"
+              " runs nothing, stores nothing", f"{state} {result} {calls}")
+    else:
+        check(result == {"ran": True} and calls.get("unset") == 1,
+              "consumer, isolation off: a function decorated without tenant_setting runs", f"{state} {result}")
+
+
+def check_isolated(check, admin, app):
+    """A record the decorator wrote as tenant billing carries it; with
+    isolation on, an application session of another tenant does not see it
+    (off: it does)."""
+    owners = [r[0] for r in admin.execute("SELECT tenant_id FROM idempotency_records WHERE key = 'o-1'")]
+    seen = {}
+    for tenant in ("billing", "jobs"):
+        app.execute("SELECT set_config(%s, %s, true)", (setting or "app.tenant", tenant))
+        seen[tenant] = app.execute("SELECT count(*) FROM idempotency_records WHERE key = 'o-1'").fetchone()[0]
+        app.rollback()
+    check(owners == ["billing"] and seen == {"billing": 1, "jobs": 0 if setting else 1},
+          "consumer: the record carries the tenant it was claimed for; another tenant's session sees it only with"
+          f" isolation off (isolation {'on' if setting else 'off'})", f"{owners} {seen}")
+
+
 def check_basic(check, admin, app):
     event = {"order_id": "o-1", "amount": 1250, "received_at": "2026-01-01T10:00:00Z"}
-    first = charge(app, event)
+    first = h.charge(app, event)
     rec = record(admin, "billing", "o-1")
     check(first == {"charged": 1250, "currency": "EUR"} and calls["charge"] == 1 and effects(admin, "charge") == 1
           and rec is not None and rec[0] == "completed" and rec[1] == {"result": first},
@@ -148,11 +219,11 @@ def check_basic(check, admin, app):
           f"{first} {calls} {rec}")
     check(rec is not None and str(rec[2]) in ("7 days, 0:00:00", "7 days"),
           "consumer: ttl is passed to idem_claim (the record keeps 7 days)", f"{rec}")
-    again = charge(app, dict(event, received_at="2026-01-01T10:05:00Z"))
+    again = h.charge(app, dict(event, received_at="2026-01-01T10:05:00Z"))
     check(again == first and calls["charge"] == 1 and effects(admin, "charge") == 1,
           "consumer: a redelivery (a field outside payload_validation differs) returns the stored result,"
           " the function does not run", f"{again} {calls}")
-    e = raises(IdempotencyPayloadMismatchError, lambda: charge(app, dict(event, amount=1300)))
+    e = raises(IdempotencyPayloadMismatchError, lambda: h.charge(app, dict(event, amount=1300)))
     check(isinstance(e, IdempotencyPayloadMismatchError) and e.key == "o-1" and calls["charge"] == 1
           and effects(admin, "charge") == 1,
           "consumer: the same key with another amount raises IdempotencyPayloadMismatchError", repr(e))
@@ -163,27 +234,27 @@ def check_basic(check, admin, app):
 
 def check_paths_tenants_results(check, admin, app):
     message = {"Records": [{"queue": "orders-queue", "body": {"message_id": "m-1"}}]}
-    r1, r2 = consume(app, message), consume(app, message)
+    r1, r2 = h.consume(app, message), h.consume(app, message)
     rec = record(admin, "orders-queue", "m-1")
     check(r1 is None and r2 is None and calls["consume"] == 1 and rec is not None and rec[1] == {"result": None},
           "consumer: a key path with an index (Records[0].body.message_id), the tenant from the event,"
           " a None result stored and replayed as None", f"{r1} {r2} {calls} {rec}")
     other = {"Records": [{"queue": "refunds-queue", "body": {"message_id": "m-1"}}]}
-    consume(app, other)
+    h.consume(app, other)
     check(calls["consume"] == 2 and effects(admin, "consume", "m-1") == 2,
           "consumer: the same key under another tenant is another operation", f"{calls}")
 
     job = Job(7, {"n": 1})
-    a, b = run_job(job, app), run_job(Job(7, {"n": 1}), app, attempt=2)
+    a, b = h.run_job(job, app), h.run_job(Job(7, {"n": 1}), app, attempt=2)
     check(a == b == {"job": 7, "payload": {"n": 1}} and calls["run_job"] == 1,
           "consumer: a key function over a dataclass event, named event and connection arguments",
           f"{a} {b} {calls}")
-    e = raises(IdempotencyPayloadMismatchError, lambda: run_job(Job(7, {"n": 2}), app))
+    e = raises(IdempotencyPayloadMismatchError, lambda: h.run_job(Job(7, {"n": 2}), app))
     check(e is not None and calls["run_job"] == 1,
           'consumer: payload_validation="*" compares the whole event', repr(e))
     before = effects(admin, "run_job")
-    run_job(Job(None, {}), app)
-    run_job(Job(None, {}), app)
+    h.run_job(Job(None, {}), app)
+    h.run_job(Job(None, {}), app)
     check(calls["run_job"] == 3 and effects(admin, "run_job") == before + 2
           and record(admin, "jobs", "job-None") is None,
           "consumer: key_required=False runs an event without a key untouched, every time, storing nothing",
@@ -208,25 +279,25 @@ def check_paths_tenants_results(check, admin, app):
 
 def check_failures(check, admin, app):
     event = {"order_id": "o-fail", "amount": 5, "fail": True}
-    e = raises(RuntimeError, lambda: charge(app, event))
+    e = raises(RuntimeError, lambda: h.charge(app, event))
     check(e is not None and effects(admin, "charge", "o-fail") == 0 and record(admin, "billing", "o-fail") is None,
           "consumer: the function raises after its insert: insert and claim rolled back, the exception propagates",
           f"{e!r} {record(admin, 'billing', 'o-fail')}")
     before = calls["charge"]
-    result = charge(app, dict(event, fail=False))
+    result = h.charge(app, dict(event, fail=False))
     check(result == {"charged": 5, "currency": "EUR"} and calls["charge"] == before + 1
           and effects(admin, "charge", "o-fail") == 1,
           "consumer: the redelivery runs the function again, once", f"{result} {calls}")
 
     n = effects(admin, "unserializable")
-    e = raises(TypeError, lambda: unserializable(app, {"id": "u-1"}))
+    e = raises(TypeError, lambda: h.unserializable(app, {"id": "u-1"}))
     check(e is not None and effects(admin, "unserializable") == n and record(admin, "unserializable", "u-1") is None,
           "consumer: a result that is not JSON raises TypeError and rolls back the function's writes", repr(e))
 
     admin.execute("SELECT idem_release('billing', 'o-failed', token, failure => '{\"error\": \"declined\"}')"
                   " FROM idem_claim('billing', 'o-failed')")
     before = calls["charge"]
-    e = raises(IdempotencyStoredFailureError, lambda: charge(app, {"order_id": "o-failed", "amount": 1}))
+    e = raises(IdempotencyStoredFailureError, lambda: h.charge(app, {"order_id": "o-failed", "amount": 1}))
     check(isinstance(e, IdempotencyStoredFailureError) and e.failure == {"error": "declined"}
           and calls["charge"] == before,
           "consumer: a key settled as a failure raises IdempotencyStoredFailureError with the stored failure",
@@ -236,23 +307,25 @@ def check_failures(check, admin, app):
 def check_in_progress(check, admin, app, app_dsn):
     holder = psycopg.connect(app_dsn)
     try:
+        as_tenant(holder, "billing")
         holder.execute("SELECT idem_claim('billing', 'o-busy')")     # held, uncommitted
         before = calls["charge"]
-        e = raises(IdempotencyInProgressError, lambda: charge(app, {"order_id": "o-busy", "amount": 3}))
+        e = raises(IdempotencyInProgressError, lambda: h.charge(app, {"order_id": "o-busy", "amount": 3}))
         check(isinstance(e, IdempotencyInProgressError) and calls["charge"] == before,
               "consumer: a key another transaction holds raises IdempotencyInProgressError", repr(e))
         holder.rollback()
-        result = charge(app, {"order_id": "o-busy", "amount": 3})
+        result = h.charge(app, {"order_id": "o-busy", "amount": 3})
         check(result == {"charged": 3, "currency": "EUR"} and calls["charge"] == before + 1,
               "consumer: once the holder rolled back, the next delivery runs", f"{result}")
 
         # wait: a duplicate waits for the holder and returns what it stored
+        as_tenant(holder, "slow")
         (token,) = holder.execute("SELECT token FROM idem_claim('slow', 'w-1')").fetchone()
         timer = threading.Timer(0.3, lambda: (holder.execute(
             "SELECT idem_complete('slow', 'w-1', %s, '{\"result\": {\"done\": \"by the holder\"}}')",
             (token,)), holder.commit()))
         timer.start()
-        result = slow(app, {"id": "w-1"})
+        result = h.slow(app, {"id": "w-1"})
         timer.join()
         check(token is not None and result == {"done": "by the holder"} and "slow" not in calls,
               "consumer: with wait, a duplicate waits for the holder and returns its stored result", f"{result}")
@@ -265,14 +338,14 @@ def check_caller_transaction(check, admin, app):
     and the caller's commit or rollback decides for the claim too."""
     before = calls["charge"]
     app.execute("SELECT 1")                                     # the caller's transaction begins
-    charge(app, {"order_id": "o-outer", "amount": 9})
+    h.charge(app, {"order_id": "o-outer", "amount": 9})
     app.rollback()
     check(calls["charge"] == before + 1 and record(admin, "billing", "o-outer") is None
           and effects(admin, "charge", "o-outer") == 0,
           "consumer: inside the caller's transaction, the caller's rollback undoes the claim and the writes",
           f"{calls}")
     app.execute("SELECT 1")
-    result = charge(app, {"order_id": "o-outer", "amount": 9})
+    result = h.charge(app, {"order_id": "o-outer", "amount": 9})
     in_tx = app.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
     app.commit()
     rec = record(admin, "billing", "o-outer")
@@ -290,7 +363,7 @@ def check_concurrent(check, admin, app_dsn):
     def deliver(k):
         with psycopg.connect(app_dsn) as conn:
             barrier.wait()
-            return k, slow(conn, {"id": f"c-{k}"})
+            return k, h.slow(conn, {"id": f"c-{k}"})
 
     calls["slow"] = 0
     with ThreadPoolExecutor(keys * copies) as pool:
@@ -305,26 +378,26 @@ def check_concurrent(check, admin, app_dsn):
 async def check_async(check, admin, app_dsn):
     conn = await psycopg.AsyncConnection.connect(app_dsn)
     try:
-        first = await charge_async(conn, {"id": "a-1", "amount": 40})
-        again = await charge_async(conn, {"id": "a-1", "amount": 40})
+        first = await h.charge_async(conn, {"id": "a-1", "amount": 40})
+        again = await h.charge_async(conn, {"id": "a-1", "amount": 40})
         check(first == again == {"charged": 40} and calls["charge_async"] == 1
               and effects(admin, "charge_async", "a-1") == 1,
               "consumer (async): an async function on an AsyncConnection runs once, then replays",
               f"{first} {again} {calls}")
         try:
-            await charge_async(conn, {"id": "a-1", "amount": 41})
+            await h.charge_async(conn, {"id": "a-1", "amount": 41})
             e = None
         except IdempotencyPayloadMismatchError as exc:
             e = exc
         check(e is not None, "consumer (async): another amount under the key raises the mismatch")
         try:
-            await charge_async(conn, {"id": "a-2", "amount": 1, "fail": True})
+            await h.charge_async(conn, {"id": "a-2", "amount": 1, "fail": True})
             e = None
         except RuntimeError as exc:
             e = exc
         check(e is not None and effects(admin, "charge_async", "a-2") == 0 and record(admin, "async", "a-2") is None,
               "consumer (async): a raise rolls back the insert and the claim", repr(e))
-        result = await charge_async(conn, {"id": "a-2", "amount": 1})
+        result = await h.charge_async(conn, {"id": "a-2", "amount": 1})
         check(result == {"charged": 1} and effects(admin, "charge_async", "a-2") == 1,
               "consumer (async): the retry runs once", f"{result}")
     finally:

@@ -15,6 +15,13 @@ from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 MAX_IDENTIFIER_BYTES = 255          # the extension's limit on tenant_id and key (22001 beyond)
+# A custom setting as idem_set_tenant_isolation accepts it: two or more
+# dot-separated identifiers ("app.tenant").
+SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*(?:\.[A-Za-z_][A-Za-z0-9_$]*)+")
+# Run in the claim's transaction before the claim: transaction-local (is_local
+# true), so it ends with the transaction, also through PgBouncer's transaction
+# pooling.  Name and tenant are bind parameters.
+SET_TENANT_SQL = "SELECT pg_catalog.set_config(%s, %s, true)"
 
 
 class IdempotencyError(Exception):
@@ -74,6 +81,17 @@ def check_identifier(value: Any, what: str, printable_ascii: bool = False) -> st
     if "\0" in value:
         raise IdempotencyKeyError(f"The {what} must not contain a NUL character.")
     return value
+
+
+def check_tenant_setting(name: Optional[str]) -> Optional[str]:
+    """tenant_setting: None, or the custom setting the isolation policy reads
+    (the one given to idem_set_tenant_isolation, e.g. "app.tenant")."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not SETTING_NAME.fullmatch(name):
+        raise ValueError(f"tenant_setting must name a custom setting such as 'app.tenant' (two or more"
+                         f" dot-separated identifiers), not {name!r}.")
+    return name
 
 
 def jsonable(value: Any) -> Any:

@@ -49,7 +49,7 @@ from psycopg import AsyncConnection, Rollback
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
-from .core import IdempotencyKeyError, check_identifier, sha256_hex
+from .core import SET_TENANT_SQL, IdempotencyKeyError, check_identifier, check_tenant_setting, sha256_hex
 
 __all__ = ["Claim", "Idempotency", "fingerprint", "parse_idempotency_key", "problem"]
 
@@ -171,12 +171,19 @@ class Idempotency:
                   header is refused with 400.  False: it runs the endpoint
                   untouched (no claim, nothing stored, no replay), still in
                   one transaction that a raise or a 5xx rolls back; Claim is None.
+    tenant_setting: with tenant isolation on (idem_set_tenant_isolation(true,
+                  'app.tenant')), the setting its policy reads: the claim's
+                  transaction runs set_config(tenant_setting, tenant, true)
+                  before the claim, so the claim, the endpoint and the stored
+                  answer run as that tenant.  None (default): nothing is set.
     """
 
     def __init__(self, pool, *, tenant: Union[str, Callable] = "X-Client-Id",
-                 lease: Optional[str] = None, ttl: Optional[str] = None, key_required: bool = True):
+                 lease: Optional[str] = None, ttl: Optional[str] = None, key_required: bool = True,
+                 tenant_setting: Optional[str] = None):
         self._pool = pool if callable(pool) and not hasattr(pool, "connection") else (lambda: pool)
         self.tenant, self.lease, self.ttl, self.key_required = tenant, lease, ttl, key_required
+        self.tenant_setting = check_tenant_setting(tenant_setting)
 
     def __call__(self, func: Optional[Callable] = None, *, status_code: int = 200):
         """@idempotent or @idempotent(status_code=201): status_code is used when
@@ -245,6 +252,8 @@ class Idempotency:
         async with self._pool().connection() as conn:
             async with conn.transaction():
                 cur = conn.cursor(row_factory=tuple_row)
+                if self.tenant_setting:
+                    await cur.execute(SET_TENANT_SQL, (self.tenant_setting, tenant))
                 await cur.execute(
                     f"SELECT outcome, token, response, {BODY_TEXT.format('response')} FROM idem_claim("
                     "%s, %s, %s, lease => %s::interval, ttl => %s::interval)",

@@ -28,9 +28,9 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
-from .core import (IdempotencyInProgressError, IdempotencyKeyError, IdempotencyPayloadMismatchError,
-                   IdempotencyStoredFailureError, check_identifier, jsonable, payload_fingerprint,
-                   value_getter)
+from .core import (SET_TENANT_SQL, IdempotencyInProgressError, IdempotencyKeyError,
+                   IdempotencyPayloadMismatchError, IdempotencyStoredFailureError, check_identifier,
+                   check_tenant_setting, jsonable, payload_fingerprint, value_getter)
 
 __all__ = ["idempotent_function"]
 
@@ -60,7 +60,8 @@ def idempotent_function(func: Optional[Callable] = None, *,
                         event_argument: Optional[str] = None,
                         connection_argument: Optional[str] = None,
                         key_required: bool = True,
-                        encoder: Optional[Callable[[Any], Any]] = None):
+                        encoder: Optional[Callable[[Any], Any]] = None,
+                        tenant_setting: Optional[str] = None):
     """Make func run at most once per (tenant, key).
 
     key                 where the key is in the event: a field path ("order_id",
@@ -88,6 +89,10 @@ def idempotent_function(func: Optional[Callable] = None, *,
     encoder             json.dumps' default for the result and fingerprint
                         (default: dataclasses, pydantic models, dates,
                         decimals, UUIDs, sets).
+    tenant_setting      with tenant isolation on (idem_set_tenant_isolation(true,
+                        'app.tenant')), the setting its policy reads: the
+                        transaction runs set_config(tenant_setting, tenant,
+                        true) before the claim.  None (default): nothing is set.
 
     The function may be sync (psycopg.Connection) or async
     (psycopg.AsyncConnection).  Its return value must be JSON-serializable;
@@ -97,9 +102,9 @@ def idempotent_function(func: Optional[Callable] = None, *,
         return functools.partial(idempotent_function, key=key, payload_validation=payload_validation,
                                  tenant=tenant, ttl=ttl, lease=lease, wait=wait,
                                  event_argument=event_argument, connection_argument=connection_argument,
-                                 key_required=key_required, encoder=encoder)
+                                 key_required=key_required, encoder=encoder, tenant_setting=tenant_setting)
     settings = _Settings(func, key, payload_validation, tenant, ttl, lease, wait,
-                         event_argument, connection_argument, key_required, encoder)
+                         event_argument, connection_argument, key_required, encoder, tenant_setting)
 
     if inspect.iscoroutinefunction(func):
         @functools.wraps(func)
@@ -110,6 +115,8 @@ def idempotent_function(func: Optional[Callable] = None, *,
                     return await func(*args, **kwargs)
             async with conn.transaction():
                 cur = conn.cursor(row_factory=tuple_row)
+                if settings.tenant_setting:
+                    await cur.execute(SET_TENANT_SQL, (settings.tenant_setting, claim_args[0]))
                 await cur.execute(CLAIM_SQL, claim_args)
                 outcome, token, stored, expires_at = await cur.fetchone()
                 if outcome == "claimed":
@@ -127,6 +134,8 @@ def idempotent_function(func: Optional[Callable] = None, *,
                 return func(*args, **kwargs)
         with conn.transaction():
             cur = conn.cursor(row_factory=tuple_row)
+            if settings.tenant_setting:
+                cur.execute(SET_TENANT_SQL, (settings.tenant_setting, claim_args[0]))
             cur.execute(CLAIM_SQL, claim_args)
             outcome, token, stored, expires_at = cur.fetchone()
             if outcome == "claimed":
@@ -141,7 +150,7 @@ class _Settings:
     """The decorator's configuration, checked once when the function is decorated."""
 
     def __init__(self, func, key, payload_validation, tenant, ttl, lease, wait,
-                 event_argument, connection_argument, key_required, encoder):
+                 event_argument, connection_argument, key_required, encoder, tenant_setting):
         self.signature = inspect.signature(func)
         names = list(self.signature.parameters)
         for what, name in (("event_argument", event_argument), ("connection_argument", connection_argument)):
@@ -157,6 +166,7 @@ class _Settings:
         self.tenant = tenant if callable(tenant) else (lambda event, t=check_identifier(tenant, "tenant"): t)
         self.intervals = (_interval(lease), _interval(ttl), _interval(wait))
         self.key_required = key_required
+        self.tenant_setting = check_tenant_setting(tenant_setting)
         self.func_name = func.__qualname__
 
     def prepare(self, args, kwargs, connection_class):
