@@ -37,6 +37,9 @@ export interface MiddlewareOptions {
   ttl?: string | null;
   /** true: a request without an Idempotency-Key header passes through untouched. Default false (400). */
   optionalKey?: boolean;
+  /** With tenant isolation on: the setting its policy reads ('app.tenant'), set to the tenant
+   *  (set_config(…, true)) in the transaction before the claim. Default null: nothing is set. */
+  tenantSetting?: string | null;
 }
 
 export type Middleware = (req: any, res: any, next: (err?: unknown) => void) => Promise<void>;
@@ -57,6 +60,9 @@ export interface IdempotentOptions<M> {
   lease?: string | null;
   /** How long to wait for a delivery in progress elsewhere, an interval; default: do not wait. */
   wait?: string | null;
+  /** With tenant isolation on: the setting its policy reads ('app.tenant'), set to the tenant
+   *  (set_config(…, true)) in the transaction before the claim. Default null: nothing is set. */
+  tenantSetting?: string | null;
 }
 
 /**

@@ -7,6 +7,11 @@
 const crypto = require('node:crypto');
 
 const MAX_IDENTIFIER_BYTES = 255;   // the extension's limit on tenant_id and key
+// a custom setting as idem_set_tenant_isolation accepts it: two or more dot-separated identifiers
+const SETTING_NAME = /^[A-Za-z_][A-Za-z0-9_$]*(?:\.[A-Za-z_][A-Za-z0-9_$]*)+$/;
+// run in the claim's transaction before the claim: transaction-local (is_local true),
+// so it ends with the transaction, also through PgBouncer's transaction pooling
+const SET_TENANT_SQL = 'SELECT pg_catalog.set_config($1, $2, true)';
 
 /** A refusal of the caller's input (HTTP 400), raised before anything is claimed. */
 class Refused extends Error {
@@ -44,6 +49,16 @@ function parseIdentifier(value, name) {
   return value;
 }
 
+/** The tenantSetting option: null, or the custom setting the isolation policy reads ('app.tenant'). */
+function checkTenantSetting(name) {
+  if (name === null || name === undefined) return null;
+  if (typeof name !== 'string' || !SETTING_NAME.test(name)) {
+    throw new TypeError("The tenantSetting option must name a custom setting such as 'app.tenant'"
+      + ' (two or more dot-separated identifiers).');
+  }
+  return name;
+}
+
 /** JSON with sorted keys: the same value gives the same text whatever the key order or spacing. */
 function canonicalJson(value) {
   if (value === undefined) return 'null';
@@ -61,4 +76,7 @@ const sha256 = (...parts) => {
   return hash.digest('hex');
 };
 
-module.exports = { MAX_IDENTIFIER_BYTES, Refused, IdempotencyError, parseIdentifier, canonicalJson, sha256 };
+module.exports = {
+  MAX_IDENTIFIER_BYTES, SET_TENANT_SQL, Refused, IdempotencyError, parseIdentifier, checkTenantSetting, canonicalJson,
+  sha256,
+};

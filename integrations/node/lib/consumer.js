@@ -19,7 +19,9 @@
  * null) and what is returned, the first time as on every duplicate, is
  * that JSON read back, so every delivery sees the same value.
  */
-const { Refused, IdempotencyError, parseIdentifier, canonicalJson, sha256 } = require('./common');
+const {
+  SET_TENANT_SQL, Refused, IdempotencyError, parseIdentifier, checkTenantSetting, canonicalJson, sha256,
+} = require('./common');
 
 /** A dotted path ('body.order.id') into a message; undefined when any step is missing. */
 function pathValue(message, path) {
@@ -60,9 +62,12 @@ function identifier(value, what) {
  *                      fields differ is refused ('mismatch'); default: no fingerprint
  *   ttl, lease, wait   intervals for idem_claim ('1 day', '30 seconds', '2 seconds');
  *                      default the server's settings (wait: answer in_progress at once)
+ *   tenantSetting      with tenant isolation on, the setting its policy reads ('app.tenant'):
+ *                      set_config(tenantSetting, tenant, true) runs in the transaction
+ *                      before the claim; default null: nothing is set
  */
 function idempotent(fn, {
-  key, tenant, fingerprintFields = null, ttl = null, lease = null, wait = null,
+  key, tenant, fingerprintFields = null, ttl = null, lease = null, wait = null, tenantSetting = null,
 } = {}) {
   if (typeof fn !== 'function') throw new TypeError('idempotent() needs the function to wrap.');
   if (!(typeof key === 'function' || (typeof key === 'string' && key !== ''))) {
@@ -75,6 +80,7 @@ function idempotent(fn, {
       && !(Array.isArray(fingerprintFields) && fingerprintFields.every((f) => typeof f === 'string' && f !== ''))) {
     throw new TypeError('The fingerprintFields option must be an array of dotted paths.');
   }
+  const setting = checkTenantSetting(tenantSetting);
 
   return async function idempotentCall(db, message, ...rest) {
     const keyValue = identifier(valueOf(key, message), 'the key');
@@ -88,6 +94,7 @@ function idempotent(fn, {
       await client.query('BEGIN');
       let outcome;
       try {
+        if (setting) await client.query(SET_TENANT_SQL, [setting, tenantValue]);
         const { rows: [claim] } = await client.query(
           `SELECT outcome, token, response
              FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,

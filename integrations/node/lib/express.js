@@ -30,7 +30,9 @@
  * answer as for every replay (and numbers beyond 2^53 are not rounded by
  * JSON.parse on the way).
  */
-const { Refused, parseIdentifier, canonicalJson, sha256 } = require('./common');
+const {
+  SET_TENANT_SQL, Refused, parseIdentifier, checkTenantSetting, canonicalJson, sha256,
+} = require('./common');
 
 const SF_STRING = /^"((?:[^"\\]|\\["\\])*)"$/;           // RFC 8941 sf-string
 const NOT_STORED_HEADERS = new Set(['content-length', 'content-type', 'etag', 'date', 'connection',
@@ -103,7 +105,7 @@ function sendStored(res, doc, body, replayed) {
 }
 
 /**
- * idempotency({ pool, tenant, lease, ttl, optionalKey }) -> middleware
+ * idempotency({ pool, tenant, lease, ttl, optionalKey, tenantSetting }) -> middleware
  *   pool:        a pg.Pool
  *   tenant:      (req) => tenant id, may be async; default the X-Client-Id header.
  *                Return the authenticated principal's id in a real service.
@@ -111,14 +113,20 @@ function sendStored(res, doc, body, replayed) {
  *   optionalKey: true lets a request without an Idempotency-Key header through
  *                untouched (no claim, no transaction, req.idempotency unset);
  *                default false: such a request is answered 400.
+ *   tenantSetting: with tenant isolation on (idem_set_tenant_isolation(true, 'app.tenant')),
+ *                the setting its policy reads: the transaction runs
+ *                set_config(tenantSetting, tenant, true) before the claim, so the
+ *                claim, the route and the stored answer run as that tenant.
+ *                Default null: nothing is set.
  * Put it after the body parser (express.json()) so the fingerprint sees the body.
  */
 function idempotency({ pool, tenant = (req) => req.get('X-Client-Id'), lease = null, ttl = null,
-  optionalKey = false } = {}) {
+  optionalKey = false, tenantSetting = null } = {}) {
   if (!pool || typeof pool.connect !== 'function') {
     throw new TypeError('idempotency() needs a pg.Pool as its pool option.');
   }
   if (typeof tenant !== 'function') throw new TypeError('The tenant option must be a function of the request.');
+  const setting = checkTenantSetting(tenantSetting);
   return async function idempotencyMiddleware(req, res, next) {
     const keyHeaders = req.headersDistinct['idempotency-key'];
     if (optionalKey && (!keyHeaders || keyHeaders.length === 0)) return next();
@@ -139,6 +147,7 @@ function idempotency({ pool, tenant = (req) => req.get('X-Client-Id'), lease = n
     let claim;
     try {
       await db.query('BEGIN');
+      if (setting) await db.query(SET_TENANT_SQL, [setting, tenantId]);
       ({ rows: [claim] } = await db.query(
         `SELECT outcome, token, response, ${bodyText('response')} AS body
            FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval)`,

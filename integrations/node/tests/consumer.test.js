@@ -3,8 +3,13 @@
 const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const pg = require('pg');
-const { idempotent, IdempotencyError } = require('..');
-const { RUN, skipReason, database, writes, record } = require('./helpers');
+const { idempotent: wrap, IdempotencyError } = require('..');
+const {
+  RUN, APP_USER, TENANT_SETTING, skipReason, database, closeAdmin, asTenant, writes, record,
+} = require('./helpers');
+
+/** idempotent() as the tests use it: with this run's tenantSetting (null: isolation off). */
+const idempotent = (fn, options) => wrap(fn, { tenantSetting: TENANT_SETTING, ...options });
 
 const ORDERS = `orders-${RUN}`;
 const MISC = `misc-${RUN}`;
@@ -27,6 +32,7 @@ before(async () => {
 });
 after(async () => {
   if (!skipReason) await pool.end();
+  if (!skipReason) await closeAdmin();
 });
 
 const handle = idempotent(book, { key: 'id', tenant: ORDERS, fingerprintFields: ['body.amount'] });
@@ -36,22 +42,22 @@ test('runs once; a duplicate gets the stored result without running', { skip: sk
   const first = await handle(pool, message);
   const again = await handle(pool, { ...message, deliveryCount: 2 });
   assert.equal(runs.get('m-1'), 1);
-  assert.equal(await writes(pool, ORDERS, 'm-1'), 1);
+  assert.equal(await writes(ORDERS, 'm-1'), 1);
   assert.deepEqual(again, first);
   // what every delivery gets is the stored JSON read back: a Date comes back as its JSON string
   assert.equal(first.at, '1970-01-01T00:00:00.000Z');
-  assert.equal((await record(pool, ORDERS, 'm-1')).status, 'completed');
+  assert.equal((await record(ORDERS, 'm-1')).status, 'completed');
 });
 
 test('the function throws: its writes and the claim roll back; the next delivery runs', { skip: skipReason }, async () => {
   const message = { id: 'm-fail', body: { amount: 7 } };
   await assert.rejects(handle(pool, { ...message, fail: true }), /failed after its write/);
-  assert.equal(await writes(pool, ORDERS, 'm-fail'), 0);
-  assert.equal(await record(pool, ORDERS, 'm-fail'), null);
+  assert.equal(await writes(ORDERS, 'm-fail'), 0);
+  assert.equal(await record(ORDERS, 'm-fail'), null);
   const result = await handle(pool, message);
   assert.equal(result.amount, 7);
   assert.equal(runs.get('m-fail'), 2);
-  assert.equal(await writes(pool, ORDERS, 'm-fail'), 1);
+  assert.equal(await writes(ORDERS, 'm-fail'), 1);
 });
 
 test('other fingerprint fields under a used key: mismatch; other fields outside them: a duplicate', { skip: skipReason }, async () => {
@@ -72,19 +78,19 @@ test('10 concurrent deliveries: one runs, the others are in_progress; with wait 
   assert.ok(ok.length >= 1);
   assert.ok(busy.length >= 1, 'some deliveries met the first one in flight');
   for (const s of busy) assert.ok(s.reason instanceof IdempotencyError && s.reason.code === 'in_progress', String(s.reason));
-  assert.equal(await writes(pool, ORDERS, 'm-race'), 1);
+  assert.equal(await writes(ORDERS, 'm-race'), 1);
 
   const waiting = idempotent(book, { key: 'id', tenant: ORDERS, wait: '10 seconds' });
   const msg2 = { id: 'm-wait', body: { amount: 4 }, delayMs: 300 };
   const results = await Promise.all(Array.from({ length: 10 }, () => waiting(pool, msg2)));
   assert.equal(runs.get('m-wait'), 1);
   for (const r of results) assert.deepEqual(r, results[0]);
-  assert.equal(await writes(pool, ORDERS, 'm-wait'), 1);
+  assert.equal(await writes(ORDERS, 'm-wait'), 1);
 });
 
 test('a key from a function; a pg.Client and a pool client work as the database', { skip: skipReason }, async () => {
   const byFunction = idempotent(book, { key: (m) => `fn-${m.ref}`, tenant: (m) => m.queue });
-  const client = new pg.Client();
+  const client = new pg.Client({ user: APP_USER });
   await client.connect();
   try {
     const first = await byFunction(client, { id: 'fn-1', ref: 1, queue: ORDERS, body: { amount: 9 } });
@@ -104,7 +110,7 @@ test('a key from a function; a pg.Client and a pool client work as the database'
   } finally {
     lent.release();
   }
-  assert.equal((await record(pool, ORDERS, 'fn-1')).status, 'completed');
+  assert.equal((await record(ORDERS, 'fn-1')).status, 'completed');
 });
 
 test('no usable key: invalid_key before anything is claimed', { skip: skipReason }, async () => {
@@ -117,9 +123,8 @@ test('no usable key: invalid_key before anything is claimed', { skip: skipReason
 });
 
 test('a key released with a failure: the stored failure, as an IdempotencyError', { skip: skipReason }, async () => {
-  const db = await pool.connect();
+  const db = await asTenant(pool, ORDERS);
   try {
-    await db.query('BEGIN');
     const { rows: [claim] } = await db.query("SELECT token FROM idem_claim($1, 'm-declined')", [ORDERS]);
     await db.query(`SELECT idem_release($1, 'm-declined', $2::bigint, failure => '{"reason": "declined"}')`, [ORDERS, claim.token]);
     await db.query('COMMIT');
@@ -139,5 +144,5 @@ test('a result of undefined is stored as null; numbers and arrays round-trip', {
   const list = idempotent(async () => [1, 'two', { three: 3 }], { key: 'id', tenant: MISC });
   assert.deepEqual(await list(pool, { id: 'l-1' }), [1, 'two', { three: 3 }]);
   assert.deepEqual(await list(pool, { id: 'l-1' }), [1, 'two', { three: 3 }]);
-  assert.deepEqual((await record(pool, MISC, 'l-1')).response, [1, 'two', { three: 3 }]);
+  assert.deepEqual((await record(MISC, 'l-1')).response, [1, 'two', { three: 3 }]);
 });

@@ -4,7 +4,9 @@ const { test, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const express = require('express');
 const { idempotency } = require('..');
-const { RUN, skipReason, database, writes, record, listen, request } = require('./helpers');
+const {
+  RUN, TENANT_SETTING, skipReason, database, closeAdmin, writes, record, listen, request,
+} = require('./helpers');
 
 const SHOP = `shop-${RUN}`;
 let pool;
@@ -15,7 +17,7 @@ const seenTokens = [];
 
 function app(options) {
   const a = express();
-  a.post('/things', express.json(), idempotency({ pool, ...options }), async (req, res) => {
+  a.post('/things', express.json(), idempotency({ pool, tenantSetting: TENANT_SETTING, ...options }), async (req, res) => {
     const claim = req.idempotency;
     const key = claim?.key ?? '(none)';
     executions.set(key, (executions.get(key) ?? 0) + 1);
@@ -54,6 +56,7 @@ after(async () => {
   await strict.close();
   await optional.close();
   await pool.end();
+  await closeAdmin();
 });
 
 test('a request runs once; the replay is byte-identical with Idempotent-Replayed: true', { skip: skipReason }, async () => {
@@ -66,8 +69,8 @@ test('a request runs once; the replay is byte-identical with Idempotent-Replayed
   assert.deepEqual(again.body, first.body);
   assert.equal(first.headers['content-type'], again.headers['content-type']);
   assert.equal(executions.get('e-once'), 1);
-  assert.equal(await writes(pool, SHOP, 'e-once'), 1);
-  const rec = await record(pool, SHOP, 'e-once');
+  assert.equal(await writes(SHOP, 'e-once'), 1);
+  const rec = await record(SHOP, 'e-once');
   assert.equal(rec.status, 'completed');
   // the first answer is the stored jsonb as PostgreSQL prints it, not the route's own JSON text
   assert.equal(first.body.toString(), JSON.stringify(rec.response.body).replace(/([,:])/g, '$1 '));
@@ -82,7 +85,7 @@ test('20 concurrent duplicates of 5 keys: one execution per key, the rest 409 or
     const originals = mine.filter((r) => r.status === 201 && !r.headers['idempotent-replayed']);
     assert.equal(originals.length, 1, `one original for ${key}`);
     assert.equal(executions.get(key), 1, `the route ran once for ${key}`);
-    assert.equal(await writes(pool, SHOP, key), 1);
+    assert.equal(await writes(SHOP, key), 1);
     for (const r of mine) {
       if (r.status === 409) {
         assert.equal(r.headers['retry-after'], '1');
@@ -114,7 +117,7 @@ test('bad keys: 400 before any claim', { skip: skipReason }, async () => {
   assert.equal((await post(strict, '"unterminated', { n: 1 })).status, 400);
   assert.equal((await post(strict, ['two-a', 'two-b'], { n: 1 })).status, 400);
   assert.equal((await post(strict, 'k'.repeat(255), { n: 1 })).status, 201);
-  assert.equal(await writes(pool, SHOP, 'two-a'), 0);
+  assert.equal(await writes(SHOP, 'two-a'), 0);
   const noTenant = await request(strict.port, { path: '/things', body: { n: 1 }, headers: { 'Idempotency-Key': 'no-tenant' } });
   assert.equal(noTenant.status, 400, 'no tenant (X-Client-Id) is refused too');
 });
@@ -140,23 +143,23 @@ test('optionalKey: a request without the header passes through untouched, each t
 test('a route that throws: 500, its write and the claim roll back, the retry runs', { skip: skipReason }, async () => {
   const failed = await post(strict, 'e-throw', { n: 1 }, { 'X-Throw': '1' });
   assert.equal(failed.status, 500);
-  assert.equal(await writes(pool, SHOP, 'e-throw'), 0);
-  assert.equal(await record(pool, SHOP, 'e-throw'), null);
+  assert.equal(await writes(SHOP, 'e-throw'), 0);
+  assert.equal(await record(SHOP, 'e-throw'), null);
   const retry = await post(strict, 'e-throw', { n: 1 });
   assert.equal(retry.status, 201);
   assert.equal(retry.headers['idempotent-replayed'], undefined);
   assert.equal(executions.get('e-throw'), 2);
-  assert.equal(await writes(pool, SHOP, 'e-throw'), 1);
+  assert.equal(await writes(SHOP, 'e-throw'), 1);
 });
 
 test('a route answering 503 rolls back too; the retry runs', { skip: skipReason }, async () => {
   const first = await post(strict, 'e-503', { n: 1 }, { 'X-Answer-503': '1' });
   assert.equal(first.status, 503);
-  assert.equal(await writes(pool, SHOP, 'e-503'), 0);
-  assert.equal(await record(pool, SHOP, 'e-503'), null);
+  assert.equal(await writes(SHOP, 'e-503'), 0);
+  assert.equal(await record(SHOP, 'e-503'), null);
   const retry = await post(strict, 'e-503', { n: 1 });
   assert.equal(retry.status, 201);
-  assert.equal(await writes(pool, SHOP, 'e-503'), 1);
+  assert.equal(await writes(SHOP, 'e-503'), 1);
 });
 
 test('a 4xx answer is stored as a failure and replayed', { skip: skipReason }, async () => {
@@ -166,7 +169,7 @@ test('a 4xx answer is stored as a failure and replayed', { skip: skipReason }, a
   assert.equal(again.status, 403);
   assert.equal(again.headers['idempotent-replayed'], 'true');
   assert.deepEqual(again.body, first.body);
-  assert.equal((await record(pool, SHOP, 'e-403')).status, 'failed');
+  assert.equal((await record(SHOP, 'e-403')).status, 'failed');
   assert.equal(executions.get('e-403'), 1);
 });
 
@@ -176,6 +179,6 @@ test('the token reaches the route as a string, exact above 2^53', { skip: skipRe
     assert.equal(typeof token, 'string');
     assert.ok(BigInt(token) > 2n ** 53n, `token ${token} is beyond 2^53`);
   }
-  const rec = await record(pool, SHOP, 'e-once');
+  const rec = await record(SHOP, 'e-once');
   assert.ok(seenTokens.includes(rec.token), 'the stored token is one the route saw, digit for digit');
 });

@@ -5,7 +5,8 @@ import type { PoolLike, PoolClientLike, IdempotencyClaim } from 'idempotency-pg'
 
 declare const pool: PoolLike;
 
-const middleware = idempotency({ pool, tenant: async (req) => String(req.user.id), optionalKey: true, ttl: '1 day' });
+const middleware = idempotency({ pool, tenant: async (req) => String(req.user.id), optionalKey: true, ttl: '1 day',
+  tenantSetting: 'app.tenant' });
 void middleware;
 
 interface OrderMessage { messageId: string; body: { orderId: number; amount: number } }
@@ -13,7 +14,8 @@ interface OrderMessage { messageId: string; body: { orderId: number; amount: num
 const handle = idempotent(async (db: PoolClientLike, message: OrderMessage, attempt: number) => {
   await db.query('INSERT INTO orders (id, amount) VALUES ($1, $2)', [message.body.orderId, message.body.amount]);
   return { booked: message.body.orderId, attempt };
-}, { key: 'messageId', tenant: (m) => `orders-${m.body.orderId % 4}`, fingerprintFields: ['body.amount'], wait: '2 seconds' });
+}, { key: 'messageId', tenant: (m) => `orders-${m.body.orderId % 4}`, fingerprintFields: ['body.amount'], wait: '2 seconds',
+  tenantSetting: 'app.tenant' });
 
 async function consume(message: OrderMessage): Promise<number> {
   try {
@@ -38,3 +40,5 @@ void text; void key;
 idempotent(async () => 1, { tenant: 'x' });
 // @ts-expect-error: optionalKey is a boolean
 idempotency({ pool, optionalKey: 'yes' });
+// @ts-expect-error: tenantSetting is the setting's name
+idempotency({ pool, tenantSetting: true });
