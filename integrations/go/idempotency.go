@@ -36,6 +36,7 @@ import (
 	"io"
 	"log"
 	"net/http"
+	"regexp"
 	"runtime/debug"
 	"strings"
 )
@@ -63,7 +64,17 @@ type Config struct {
 	MaxBodyBytes int64
 	// Logger receives the errors the client only sees as a 500 (default log.Default()).
 	Logger *log.Logger
+	// TenantSetting, with tenant isolation on (idem_set_tenant_isolation(true,
+	// 'app.tenant')), is the setting its policy reads: the transaction runs
+	// set_config(TenantSetting, tenant, true) before the claim, so the claim,
+	// the handler and the stored answer run as that tenant.  Empty (default):
+	// nothing is set.
+	TenantSetting string
 }
+
+// settingName is a custom setting as idem_set_tenant_isolation accepts it:
+// two or more dot-separated identifiers ("app.tenant").
+var settingName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)+$`)
 
 // Claim is what the one request that runs the handler gets from FromContext.
 type Claim struct {
@@ -97,11 +108,16 @@ type refusal struct{ title, detail string }
 
 func (r *refusal) Error() string { return r.title }
 
-// Middleware returns the middleware for cfg; it panics when cfg.DB is nil,
-// a programming error found at start-up.
+// Middleware returns the middleware for cfg; it panics when cfg.DB is nil or
+// cfg.TenantSetting is not a custom setting's name, programming errors found
+// at start-up.
 func Middleware(cfg Config) func(http.Handler) http.Handler {
 	if cfg.DB == nil {
 		panic("idempotency.Middleware needs Config.DB.")
+	}
+	if cfg.TenantSetting != "" && !settingName.MatchString(cfg.TenantSetting) {
+		panic(fmt.Sprintf("idempotency.Config.TenantSetting must name a custom setting such as app.tenant"+
+			" (two or more dot-separated identifiers), not %q.", cfg.TenantSetting))
 	}
 	if cfg.Tenant == nil {
 		cfg.Tenant = func(r *http.Request) (string, error) { return r.Header.Get("X-Client-Id"), nil }
@@ -161,6 +177,15 @@ func serve(cfg Config, next http.Handler, w http.ResponseWriter, r *http.Request
 	if err != nil {
 		internalError(cfg, w, fmt.Errorf("beginning the transaction: %w", err))
 		return
+	}
+	if cfg.TenantSetting != "" {
+		// transaction-local (is_local true): it ends with the transaction, also
+		// through PgBouncer's transaction pooling
+		if _, err = tx.ExecContext(ctx, `SELECT pg_catalog.set_config($1, $2, true)`, cfg.TenantSetting, tenant); err != nil {
+			_ = tx.Rollback()
+			internalError(cfg, w, fmt.Errorf("setting %s: %w", cfg.TenantSetting, err))
+			return
+		}
 	}
 	var outcome string
 	var token sql.NullInt64

@@ -4,6 +4,13 @@ package idempotency_test
 // database where this user may CREATE EXTENSION idempotency (test/suites/79-go
 // starts a throwaway one).  Without PGDATABASE only the tests that need no
 // database run.
+//
+// IDEM_TEST_APP_USER: the role the middleware connects as (default PGUSER);
+// test/suites/79-go gives it exactly the application role's grants of
+// docs/privileges.md.  The checks read what was written as PGUSER.
+// IDEM_TEST_TENANT_SETTING (e.g. app.tenant): tenant isolation is switched on
+// with it and every middleware under test gets it as TenantSetting; unset,
+// isolation is switched off.
 
 import (
 	"bytes"
@@ -29,8 +36,11 @@ import (
 )
 
 var (
-	db     *sql.DB
-	tenant string // this run's tenant: the tests can run again on the same database
+	db            *sql.DB // PGUSER: what the checks read the tables with
+	appDB         *sql.DB // IDEM_TEST_APP_USER: what the middleware under test uses
+	appUser       = os.Getenv("IDEM_TEST_APP_USER")
+	tenantSetting = os.Getenv("IDEM_TEST_TENANT_SETTING")
+	tenant        string // this run's tenant: the tests can run again on the same database
 
 	mu         sync.Mutex
 	executions = map[string]int{} // key -> how many times the handler ran
@@ -44,6 +54,17 @@ func TestMain(m *testing.M) {
 			log.Fatalf("The database settings are invalid: %v", err)
 		}
 		db.SetMaxOpenConns(30)
+		appDB = db
+		if appUser != "" {
+			if appDB, err = sql.Open("pgx", "user="+appUser); err != nil {
+				log.Fatalf("The database settings are invalid: %v", err)
+			}
+			appDB.SetMaxOpenConns(30)
+		}
+		grant := `SELECT 1`
+		if appUser != "" {
+			grant = `GRANT SELECT, INSERT ON test_writes TO "` + strings.ReplaceAll(appUser, `"`, `""`) + `"`
+		}
 		for _, stmt := range []string{
 			`SELECT pg_advisory_lock(79)`,
 			`CREATE EXTENSION IF NOT EXISTS idempotency`,
@@ -52,17 +73,33 @@ func TestMain(m *testing.M) {
 			// tokens beyond 2^53, where a float64 would round them (extension 1.1 hands them out from this sequence)
 			`SELECT setval(seq, greatest(nextval(seq), 9223372032559808512))
 			   FROM (SELECT to_regclass('idempotency_tokens') AS seq) s WHERE seq IS NOT NULL`,
+			grant,
 			`SELECT pg_advisory_unlock(79)`,
 		} {
 			if _, err := db.Exec(stmt); err != nil {
 				log.Fatalf("Setting up the test database failed: %v", err)
 			}
 		}
+		isolation := `SELECT idem_set_tenant_isolation(false)`
+		if tenantSetting != "" {
+			isolation = `SELECT idem_set_tenant_isolation(true, $1)`
+		}
+		if _, err := db.Exec(isolation, nonEmpty(tenantSetting)...); err != nil {
+			log.Fatalf("Switching tenant isolation failed: %v", err)
+		}
 		suffix := make([]byte, 4)
 		_, _ = rand.Read(suffix)
 		tenant = "shop-" + hex.EncodeToString(suffix)
 	}
 	os.Exit(m.Run())
+}
+
+// nonEmpty is the query arguments: value, or none when it is empty.
+func nonEmpty(value string) []any {
+	if value == "" {
+		return nil
+	}
+	return []any{value}
 }
 
 func needDB(t *testing.T) {
@@ -122,10 +159,19 @@ func handler(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, `{"zeta":1, "id":%d, "alpha":[1,2,{"b":2,"a":1}], "big": 12345678901234567890}`, id)
 }
 
+// server runs handler behind the middleware as the application role, with
+// this run's TenantSetting.
 func server(t *testing.T, cfg idempotency.Config) *httptest.Server {
 	t.Helper()
-	cfg.DB = db
+	cfg.TenantSetting = tenantSetting
 	cfg.Logger = log.New(io.Discard, "", 0)
+	return serverAsIs(t, cfg)
+}
+
+// serverAsIs is server without this run's TenantSetting and Logger.
+func serverAsIs(t *testing.T, cfg idempotency.Config) *httptest.Server {
+	t.Helper()
+	cfg.DB = appDB
 	s := httptest.NewServer(idempotency.Middleware(cfg)(http.HandlerFunc(handler)))
 	t.Cleanup(s.Close)
 	return s
@@ -431,4 +477,95 @@ func TestCanonicalJSON(t *testing.T) {
 	if err := json.Unmarshal(a, &doc); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// The application role, as the suite sets it up, cannot bypass row-level security.
+func TestAppRoleHasNoBypass(t *testing.T) {
+	needDB(t)
+	if appUser == "" {
+		t.Skip("set IDEM_TEST_APP_USER to a role with the application grants of docs/privileges.md")
+	}
+	var super, bypass, owner, rls bool
+	if err := appDB.QueryRow(`SELECT r.rolsuper, r.rolbypassrls, pg_has_role(current_user, c.relowner, 'MEMBER'),
+	        c.relrowsecurity FROM pg_roles r, pg_class c
+	        WHERE r.rolname = current_user AND c.oid = 'idempotency_records'::regclass`).Scan(&super, &bypass, &owner, &rls); err != nil {
+		t.Fatal(err)
+	}
+	if super || bypass || owner || rls != (tenantSetting != "") {
+		t.Fatalf("%s: superuser %v, bypassrls %v, owner %v; row-level security %v with IDEM_TEST_TENANT_SETTING %q",
+			appUser, super, bypass, owner, rls, tenantSetting)
+	}
+}
+
+// TenantSetting: the record carries its tenant; another tenant's session sees
+// it only with isolation off.  Without TenantSetting, with isolation on, the
+// claim is refused (a 500, SQLSTATE 55000 or 42501 in the log) and nothing is
+// stored; with isolation off it runs.
+func TestTenantSetting(t *testing.T) {
+	needDB(t)
+	s := server(t, idempotency.Config{})
+	if r := post(t, s, key("g-iso"), `{"n": 1}`); r.status != 201 {
+		t.Fatalf("with this run's TenantSetting: %d %s", r.status, r.body)
+	}
+	if status, _, _ := record(t, "g-iso"); status != "completed" {
+		t.Fatalf("the record of the tenant: %q", status)
+	}
+	setting := tenantSetting
+	if setting == "" {
+		setting = "app.tenant"
+	}
+	seen := map[string]int{}
+	for _, as := range []string{tenant, "other-" + tenant} {
+		tx, err := appDB.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		if _, err = tx.Exec(`SELECT set_config($1, $2, true)`, setting, as); err == nil {
+			err = tx.QueryRow(`SELECT count(*) FROM idempotency_records WHERE key = 'g-iso' AND tenant_id = $1`,
+				tenant).Scan(&n)
+		}
+		_ = tx.Rollback()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[as] = n
+	}
+	others := 1
+	if tenantSetting != "" {
+		others = 0
+	}
+	if seen[tenant] != 1 || seen["other-"+tenant] != others {
+		t.Fatalf("sessions of the tenant and of another see %v (isolation %q)", seen, tenantSetting)
+	}
+
+	var logged bytes.Buffer
+	unset := serverAsIs(t, idempotency.Config{Logger: log.New(&logged, "", 0)})
+	r := post(t, unset, key("g-iso-unset"), `{"n": 1}`)
+	status, _, _ := record(t, "g-iso-unset")
+	if tenantSetting == "" {
+		if r.status != 201 || status != "completed" {
+			t.Fatalf("isolation off, without TenantSetting: %d %s, record %q", r.status, r.body, status)
+		}
+		return
+	}
+	refused := strings.Contains(logged.String(), "(SQLSTATE 55000)") || strings.Contains(logged.String(), "(SQLSTATE 42501)")
+	if r.status != 500 || !refused || status != "" || writes(t, tenant, "g-iso-unset") != 0 {
+		t.Fatalf("isolation on, without TenantSetting: %d, record %q, log %q", r.status, status, logged.String())
+	}
+}
+
+// A TenantSetting that is not a custom setting's name is refused at start-up.
+func TestTenantSettingChecked(t *testing.T) {
+	for _, bad := range []string{"tenant", "app.", "app.x'); DROP TABLE test_writes; --", "1a.b"} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("TenantSetting %q was accepted", bad)
+				}
+			}()
+			idempotency.Middleware(idempotency.Config{DB: &sql.DB{}, TenantSetting: bad})
+		}()
+	}
+	idempotency.Middleware(idempotency.Config{DB: &sql.DB{}, TenantSetting: "app.tenant"})
 }

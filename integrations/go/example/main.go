@@ -6,6 +6,7 @@
 //
 // The database comes from the standard PG* environment variables (or
 // DATABASE_URL); LEDGER_POOL_SIZE (default 10) sets the connections;
+// LEDGER_TENANT_SETTING (e.g. app.tenant) is the tenant isolation setting;
 // LEDGER_TEST_HOOKS=1 (tests only) honours X-Test-Delay-Ms (a slow booking)
 // and X-Test-Fail-After-Write (a failure after the inserts).  The schema is
 // examples/fastapi/schema.sql, the same ledger service as the FastAPI and
@@ -169,7 +170,9 @@ func main() {
 	db.SetMaxOpenConns(poolSize)
 	db.SetMaxIdleConns(poolSize)
 
-	idempotent := idempotency.Middleware(idempotency.Config{DB: db, Tenant: authenticatedClient})
+	// with tenant isolation on: LEDGER_TENANT_SETTING=app.tenant
+	idempotent := idempotency.Middleware(idempotency.Config{DB: db, Tenant: authenticatedClient,
+		TenantSetting: os.Getenv("LEDGER_TENANT_SETTING")})
 	mux := http.NewServeMux()
 	mux.Handle("/entries", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
