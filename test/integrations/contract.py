@@ -8,10 +8,17 @@ once per (X-Client-Id, Idempotency-Key); schema.sql of the example creates
 the table and the role ledger_app; LEDGER_TEST_HOOKS=1 makes the booking slow
 (X-Test-Delay-Ms) or raise after its inserts (X-Test-Fail-After-Write).
 
-run(suite, schema, app_command) starts a throwaway cluster on
-127.0.0.1:$IDEM_TEST_PORT_BASE, loads the schema, starts the app on the next
-port as ledger_app, runs every check, stops everything and prints the
-summary line.  Python 3 stdlib + Debian's psycopg2; no timed assertions.
+run(suite, schema, app_command) runs the contract twice, tenant isolation
+off then on (isolation.py): each pass starts a throwaway cluster on
+127.0.0.1:$IDEM_TEST_PORT_BASE, loads the schema, gives ledger_app exactly
+the application role's grants of docs/privileges.md, switches isolation on
+or off, starts the app on the next port as ledger_app
+(app_command(pg_port, http_port, tenant_setting): with isolation on the app
+passes tenant_setting 'app.tenant' to its package), runs every check and
+stops everything; with isolation on it also checks that the records are
+confined to their tenants and that the same app started without
+tenant_setting answers 500 and stores nothing.  Then the summary line.
+Python 3 stdlib + Debian's psycopg2; no timed assertions.
 """
 import http.client
 import json
@@ -29,6 +36,8 @@ from collections import Counter, namedtuple
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg2
+
+import isolation
 
 PG_PORT = int(os.environ.get("IDEM_TEST_PORT_BASE", "57500"))
 HTTP_PORT = PG_PORT + 1
@@ -85,7 +94,7 @@ class Servers:
         self.run("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(PG_PORT),
                  "-U", "postgres", *args)
 
-    def start(self, schema, app_command):
+    def start(self, schema, tenant_setting):
         self.run("initdb", "-D", self.data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8",
                  "--locale=C")
         with open(os.path.join(self.data, "postgresql.conf"), "a") as conf:
@@ -99,14 +108,16 @@ class Servers:
         self.psql("-d", "ledger", "-f", schema)
         global token_mark_set
         db = self.db()
+        isolation.prepare(db, "ledger_app", tenant_setting)
         with db.cursor() as cur:
             cur.execute("SELECT setval(seq, %s) FROM (SELECT to_regclass('idempotency_tokens') AS seq) s"
                         " WHERE seq IS NOT NULL", (TOKEN_MARK,))
             token_mark_set = cur.rowcount == 1
         db.close()
 
-        cmd, env = app_command(PG_PORT, HTTP_PORT)
-        self.app_log = open(os.path.join(self.dir, "app.log"), "w")
+    def start_app(self, app_command, tenant_setting):
+        cmd, env = app_command(PG_PORT, HTTP_PORT, tenant_setting)
+        self.app_log = open(os.path.join(self.dir, "app.log"), "a")
         self.app = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=self.app_log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 30
@@ -119,7 +130,7 @@ class Servers:
                     raise RuntimeError("the app did not start; see " + self.app_log.name)
                 time.sleep(0.05)
 
-    def stop(self):
+    def stop_app(self):
         if self.app and self.app.poll() is None:
             os.killpg(self.app.pid, signal.SIGTERM)    # its own session: uvicorn's workers too
             try:
@@ -127,6 +138,9 @@ class Servers:
             except subprocess.TimeoutExpired:
                 os.killpg(self.app.pid, signal.SIGKILL)
                 self.app.wait()
+
+    def stop(self):
+        self.stop_app()
         if self.pg_started:
             subprocess.run(["pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop"], stdout=subprocess.DEVNULL)
             self.pg_started = False
@@ -431,23 +445,51 @@ CHECKS = [test_key_header, test_mismatch, test_in_progress, test_stored_failure,
           test_concurrent_duplicates, test_all_tokens_large]
 
 
+def test_isolation(db, tenant_setting):
+    """The records of test_tenant_scope's key, as the application role; with
+    isolation on, the refusals a missing tenant_setting brings (isolation.py)."""
+    isolation.check_in_force(check, db, f"host=127.0.0.1 port={PG_PORT} dbname=ledger user=ledger_app",
+                             tenant_setting, "shared-key", ("client-a", "client-b"))
+
+
+def test_without_tenant_setting(db):
+    """The same app started without tenant_setting, isolation on: a request
+    fails (500) and stores nothing."""
+    r = post("no-setting-1", entries(61), client="client-a")
+    check(r.status == 500 and rows(db, "no-setting-1", "client-a") == 0
+          and record(db, "no-setting-1", "client-a") is None,
+          "isolation on, the app started without tenant_setting: a request answers 500, nothing booked or stored",
+          f"{r.status} {r.body[:300]!r}")
+
+
 def run(suite, schema, app_command, extra_checks=()):
-    """Run the contract against the app that app_command(pg_port, http_port) -> (argv, env) starts."""
-    servers = Servers(suite)
+    """Run the contract, isolation off then on, against the app that
+    app_command(pg_port, http_port, tenant_setting) -> (argv, env) starts;
+    each extra check is called as extra(pg_port, tenant_setting)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     started = time.time()
-    try:
-        servers.start(schema, app_command)
-        db = servers.db()
-        for extra in extra_checks:
-            extra(PG_PORT)
-        for test in CHECKS:
-            test(db)
-        db.close()
-    except Exception as e:
-        check(False, "the suite ran to the end", repr(e))
-    finally:
-        servers.stop()
+    for tenant_setting in isolation.PASSES:
+        print(f"# {isolation.describe(tenant_setting)}")
+        servers = Servers(suite)
+        try:
+            servers.start(schema, tenant_setting)
+            db = servers.db()
+            isolation.check_role(check, db, "ledger_app", tenant_setting)
+            servers.start_app(app_command, tenant_setting)
+            for extra in extra_checks:
+                extra(PG_PORT, tenant_setting)
+            for test in CHECKS:
+                test(db)
+            test_isolation(db, tenant_setting)
+            if tenant_setting:
+                servers.stop_app()
+                servers.start_app(app_command, None)
+                test_without_tenant_setting(db)
+            db.close()
+        except Exception as e:
+            check(False, "the suite ran to the end", repr(e))
+        finally:
+            servers.stop()
     print(f"     ({time.time() - started:.1f} s)")
     print(f"{suite}: {passed} passed, {failed} failed")
     return 1 if failed else 0
