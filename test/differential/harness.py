@@ -418,7 +418,8 @@ class Side:
                 obs['error'] += ' [connection lost]'
         finally:
             if self.watchdog.end():
-                obs['stuck'] = 'ran over %d s, ignoring statement_timeout: ended by the watchdog' % WATCHDOG_SECONDS
+                obs['stuck'] = ('ended by the watchdog: over %d s, or %d s on the CPU without a wait'
+                                % (WATCHDOG_SECONDS, WATCHDOG_SPIN_SECONDS))
             try:
                 cur.close()
             except Exception:

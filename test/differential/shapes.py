@@ -1554,7 +1554,7 @@ def shape_inherited(g):
     reads of the table and of ONLY the table."""
     g.rows = rows_small(g)
     T = q(g.t)
-    keys = [g.key() for _ in range(g.r.randint(1, 4))]
+    keys = [g.key() for _ in range(g.r.randint(1, 3))]
     g.prior(g.r.sample(keys, g.r.randint(0, min(1, len(keys)))))
     kind = g.r.choice(['archive', 'archive', 'archive_by_peer', 'parent'])
     g.triggers = ['restore'] if kind == 'archive_by_peer' else ['alt_archive' if kind == 'archive' else 'alt_parent']
@@ -1877,7 +1877,7 @@ SHAPES = [
     ('collation_case', shape_collation_case, 3),
     ('rollback_end', shape_rollback_end, 3),
     ('hold_cursor', shape_hold_cursor, 3),
-    ('inherited', shape_inherited, 3),
+    ('inherited', shape_inherited, 1),     # slow: a claim of a key a child holds takes 0.3-0.9 s
     ('owner_rights', shape_owner_rights, 3),
     ('peer_in_statement', shape_peer_in_statement, 2),
     ('settle_no_rights', shape_settle_no_rights, 2),
