@@ -424,6 +424,7 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 	{
 		ClaimNext	next;
 
+		CHECK_FOR_INTERRUPTS();
 		if (conflicts >= IDEM_CLAIM_MAX_ATTEMPTS)
 			ereport(ERROR,
 					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),

@@ -22,10 +22,12 @@
 #include "miscadmin.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
+#include "storage/latch.h"
 #include "storage/proc.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
+#include "utils/wait_event.h"
 
 #include "idempotency.h"
 
@@ -154,6 +156,24 @@ idem_keylock_wait_for_inserter(TransactionId xid, int64 wait_us)
 }
 
 /*
+ * Wait for transaction xid to end, as a lock wait on it (lock_timeout
+ * applies).  Not XactLockTableWait(): when the lock is free but the
+ * transaction still looks in progress (a row whose transaction ended
+ * without an abort record, issue 34), that one polls with no look at
+ * interrupts; here the caller's loop probes again, and sleeps on the latch
+ * between probes, so a cancel or statement_timeout ends the wait at once.
+ */
+static void
+inserter_wait(TransactionId xid)
+{
+	LOCKTAG		tag;
+
+	SET_LOCKTAG_TRANSACTION(tag, xid);
+	(void) LockAcquire(&tag, ShareLock, false, false);
+	LockRelease(&tag, ShareLock, false);
+}
+
+/*
  * Take the key lock, waiting as long as it takes (lock_timeout applies).
  * Used by the fenced writes: they wait for a claim in flight rather than
  * meet its uncommitted row, so a claim never waits on them in turn.  A
@@ -161,18 +181,22 @@ idem_keylock_wait_for_inserter(TransactionId xid, int64 wait_us)
  * wait for that transaction first, without the key lock, so that its own
  * settling of the key never waits on this one.  inserter_of(k) names such
  * a transaction (direct_read.c's probe of the key index, passed in by the
- * caller: the lock knows nothing of the table).
+ * caller: the lock knows nothing of the table).  Every turn answers a
+ * cancel; a turn that finds the inserter it has just waited for still
+ * there sleeps a millisecond first.
  */
 void
 idem_keylock_hold(const IdemKey *k, IdemInserterProbe inserter_of)
 {
 	LOCKTAG		tag;
+	TransactionId waited_for = InvalidTransactionId;
 
 	keylock_tag(k, &tag);
 	for (;;)
 	{
 		TransactionId inserter;
 
+		CHECK_FOR_INTERRUPTS();
 		/* held already: this transaction claimed the key, no one else can insert it */
 		if (LockAcquire(&tag, ExclusiveLock, false, false) == LOCKACQUIRE_ALREADY_HELD)
 			return;
@@ -180,7 +204,15 @@ idem_keylock_hold(const IdemKey *k, IdemInserterProbe inserter_of)
 		if (!TransactionIdIsValid(inserter))
 			return;
 		LockRelease(&tag, ExclusiveLock, false);
-		XactLockTableWait(inserter, NULL, NULL, XLTW_None);
+		if (TransactionIdEquals(inserter, waited_for))
+		{
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 1L, PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
+		inserter_wait(inserter);
+		waited_for = inserter;
 	}
 }
 
