@@ -9,7 +9,7 @@ if (term eq "pngcairo") {
 }
 set output outfile
 
-set title "Throughput relative to the same round's reference (bare transaction; 7a: plain PK SELECT)\n".subtitle
+set title "Throughput relative to the same round's reference (bare transaction; 7a: plain PK SELECT; 2t, 7at: as named)\n".subtitle
 set datafile separator "\t"
 set datafile missing "?"
 set style data histograms

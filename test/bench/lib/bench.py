@@ -7,6 +7,8 @@ Run through test/bench/run (as a user that may run PostgreSQL).  Outline:
      persistence, AOF everysec); build the C load driver.
   2. Throughput rounds: every scenario once per round, in the same order
      (A B C ... A B C ...), synchronous_commit on then off; medians.
+     The secure rows (issue 34) run in databases of their own with tenant
+     isolation on or off, as an application role (lib/tenant_isolation.py).
   3. Scenario 9 (sweep backlog) and 10 (storage), each in its own database.
   4. Markdown, CSV and a PNG chart under test/bench/results/."""
 
@@ -27,12 +29,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report                      # noqa: E402
 import scenario_storage            # noqa: E402
 import scenario_sweep              # noqa: E402
+import tenant_isolation            # noqa: E402
 from measure import Meter, driver_cmd, run_driver, run_pgbench   # noqa: E402
-from scenarios import BY_ID, claim_single_script                # noqa: E402
+from scenarios import APP_ROLE, BY_ID, claim_single_script      # noqa: E402
 from servers import PG_BIN, PG_MAJOR, RESULTS_SUFFIX, PgCluster, Redis, run  # noqa: E402
 
 BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO_DIR = os.path.dirname(os.path.dirname(BENCH_DIR))
+# the tree's docs/privileges.md (test/bench/run, as root, runs a copy of
+# test/bench alone and says where the tree is)
+SOURCE_DIR = os.environ.get("IDEM_BENCH_REPO") or REPO_DIR
 
 # ~100 bytes, the stored response of every scenario that stores one
 RESPONSE = ('{"status": "succeeded", "amount_charged": 4200, "currency": "EUR", '
@@ -55,7 +61,8 @@ PROFILES = {
 }
 
 ORDER_ON = ["1", "1b", "2", "3", "4", "5", "8", "1c", "1cp", "2c", "2f", "6", "6a",
-            "7a", "7b", "7c", "7d", "11a", "11b", "11c", "11d"]
+            "7a", "7b", "7c", "7d", "2t", "2n", "1bt", "7at", "7bt", "7as", "7bs",
+            "11a", "11b", "11c", "11d"]
 ORDER_OFF = ["1", "1b", "2", "3", "4", "5", "8", "1c", "1cp", "2c", "2f", "6", "6a"]
 ORDER_S0 = ["0b", "0x", "0c", "0r", "0cp", "0f"]
 
@@ -118,22 +125,37 @@ class Bench:
              "-lpq", "-lhiredis", "-lpthread"])
 
         admin = self.pg.connect("postgres")
-        for db in ("bench", "bench_replay"):
+        for db in ("bench", "bench_replay") + tenant_isolation.DATABASES:
             admin.cursor().execute(f"CREATE DATABASE {db}")
             self.pg.psql_file(db, os.path.join(BENCH_DIR, "sql", "schema.sql"))
-            self.pg.psql_file(db, os.path.join(BENCH_DIR, "sql", "plpgsql_contract.sql"))
+            if db not in tenant_isolation.DATABASES:
+                self.pg.psql_file(db, os.path.join(BENCH_DIR, "sql", "plpgsql_contract.sql"))
         admin.close()
+        tenant_isolation.create_role(self.pg)
+        for db in tenant_isolation.DATABASES:
+            tenant_isolation.prepare(self.pg, db, BENCH_DIR, SOURCE_DIR)
         # The one checkpoint: every page written from here on was created
         # after it, so no run pays (or is charged) full-page images for pages
         # another scenario or the setup left behind.
         admin = self.pg.connect("postgres")
         admin.cursor().execute("CHECKPOINT")
         admin.close()
-        self.pg.psql_file("bench", os.path.join(BENCH_DIR, "sql", "seed_rows.sql"),
-                          {"rows": self.profile["seed_rows"]})
+        for db in ("bench", "bench_tenant", "bench_tenant_off"):
+            self.pg.psql_file(db, os.path.join(BENCH_DIR, "sql", "seed_rows.sql"),
+                              {"rows": self.profile["seed_rows"]})
 
-        # scenario 7's stored responses, in their own database
-        replay = self.pg.connect("bench_replay")
+        # scenario 7's stored responses, in their own databases
+        for db in ("bench_replay", "bench_tenant_replay"):
+            self.store_replays(db)
+        tenant_isolation.check(self.pg)
+
+        self.meter = Meter(self.pg, "bench")
+        m = self.meter
+        self.has_claim_many = m.q1("SELECT to_regproc('idem_claim_many') IS NOT NULL")
+        claim_single_script(os.path.join(self.work, "11-claim-single.pgbench"))
+
+    def store_replays(self, db):
+        replay = self.pg.connect(db)
         with replay.cursor() as cur:
             cur.execute(
                 "INSERT INTO idempotency_records (tenant_id, key, token, expires_at, "
@@ -145,11 +167,6 @@ class Bench:
                 cur.execute(f"INSERT INTO {table} SELECT * FROM idempotency_records")
             cur.execute("VACUUM ANALYZE")
         replay.close()
-
-        self.meter = Meter(self.pg, "bench")
-        m = self.meter
-        self.has_claim_many = m.q1("SELECT to_regproc('idem_claim_many') IS NOT NULL")
-        claim_single_script(os.path.join(self.work, "11-claim-single.pgbench"))
 
     def stop(self):
         if self.meter:
@@ -179,6 +196,8 @@ class Bench:
             seconds = self.profile["durations"]["off" if table == "off" else s.duration]
         run_id = self.next_run_id()
         options = "-c synchronous_commit=off" if table == "off" else ""
+        if s.tenant:
+            options += f" -c app.tenant={s.tenant}"
         redis = self.redis.get(s.redis) if s.redis else None
         tenant = f"storm-{run_id}"
         m = self.meter
@@ -186,14 +205,14 @@ class Bench:
             m.q("TRUNCATE storm_payments")
         load1 = os.getloadavg()[0]
         m.begin(redis)
-        db = "bench_replay" if sid.startswith("7") else "bench"
+        db = s.db or ("bench_replay" if sid.startswith("7") else "bench")
         warm = self.profile["warm"] if warm is None else warm
         if s.kind == "pgbench":
             variables = {"run": run_id, "ctr": 0, "resp": RESPONSE,
                          "nreplay": self.profile["replay_keys"], "tenant": tenant}
             r = run_pgbench(self.pg, db, self.script_path(s.script), s.clients,
                             int(seconds), variables, self.logdir, f"{table}-{sid}",
-                            options=options, warmup=warm)
+                            options=options, warmup=warm, user=s.role or None)
         else:
             cmd = driver_cmd(self.driver, self.pg, db, s.mode, s.clients, run_id,
                              RESPONSE, redis_port=redis.port if redis else None,
@@ -408,6 +427,15 @@ def notes(p):
         "BEGIN + idem_claim flushed together (one round trip, transaction left open), then "
         "INSERT + idem_complete + COMMIT + sync (a second round trip). pgbench cannot do "
         "this: it refuses \\gset inside a pipeline.",
+        "The secure rows (issue 34: 2t, 2n, 1bt, 7at, 7bt, 7as, 7bs) run in databases of their "
+        "own, made like bench and bench_replay and seeded alike: bench_tenant and "
+        "bench_tenant_replay with idem_set_tenant_isolation(true, 'app.tenant') and the "
+        "extension's policy copied onto lean_records and replay_plain, bench_tenant_off without "
+        f"isolation. They connect as {APP_ROLE}, which holds exactly the application role's "
+        "GRANT lines of docs/privileges.md (read from the page) and what the business and "
+        "hand-written tables need; before the rounds the bench checks that it bypasses nothing "
+        "(no superuser, not the owner, no BYPASSRLS; without the tenant a call is refused with "
+        "55000 and no seeded row is visible).",
         "Scenario 8 counts executions (business rows written) and checks they equal the "
         "completed records: each key executed exactly once.",
         "Scenario 9 loads the backlog directly (final rows, VACUUM ANALYZE, CHECKPOINT) "

@@ -89,11 +89,12 @@ class Meter:
 
 
 def run_pgbench(pg, db, script, clients, seconds, variables, logdir, tag,
-                options="", threads=2, warmup=0.0):
-    """pgbench -M prepared for `seconds`.  Throughput and latency come from
-    the per-transaction log, leaving out transactions that ended in the first
-    `warmup` seconds (each new connection first fills its caches and plans);
-    total_ops counts them all, for the costs per operation."""
+                options="", threads=2, warmup=0.0, user=None):
+    """pgbench -M prepared for `seconds`, as `user` (default: the cluster's
+    owner).  Throughput and latency come from the per-transaction log,
+    leaving out transactions that ended in the first `warmup` seconds (each
+    new connection first fills its caches and plans); total_ops counts them
+    all, for the costs per operation."""
     prefix = os.path.join(logdir, tag)
     for old in glob.glob(prefix + ".*"):
         os.remove(old)
@@ -102,6 +103,8 @@ def run_pgbench(pg, db, script, clients, seconds, variables, logdir, tag,
            "-c", str(clients), "-j", str(min(threads, clients)),
            "-T", str(seconds), "-f", script,
            "--log", f"--log-prefix={prefix}"]
+    if user:
+        cmd += ["-U", user]
     for k, v in variables.items():
         cmd += ["-D", f"{k}={v}"]
     cmd.append(db)

@@ -1,5 +1,5 @@
-"""Medians over the alternating rounds, the targets of issue 5 beside the
-figures, and the outputs: Markdown, CSV (summary and every run) and a PNG
+"""Medians over the alternating rounds, the targets of issues 5, 15 and 34
+beside the figures, and the outputs: Markdown, CSV (summary and every run) and a PNG
 bar chart drawn by gnuplot."""
 
 import csv
@@ -79,7 +79,7 @@ def verdict(ok):
 
 
 def targets(summary, runs, sweep, storage):
-    """(target, figure, PASS/MISS) rows for the targets of issues 5 and 15."""
+    """(target, figure, PASS/MISS) rows for the targets of issues 5, 15 and 34."""
     rows = []
     S = summary.get
     on = lambda sid: S(("on", sid))  # noqa: E731
@@ -137,6 +137,14 @@ def targets(summary, runs, sweep, storage):
     vs("11a", "11b", 8.0, None, "11, issue 15: the same with 16 clients >= 8x")
     vs("2f", "6", 1.3, None, "issue 15: fewest round trips (2f) >= 1.3x the Redis pattern (6), "
        "same C driver")
+    vs("2t", "2n", 0.97, None, "issue 34: secure in-transaction (2t, tenant isolation on) >= 0.97x "
+       "the same role and statements with isolation off (2n)")
+    vs("2t", "1bt", 1.1, None, "issue 34: secure in-transaction (2t) >= 1.1x the same statements "
+       "written by hand under the same policy (1bt)")
+    vs("7at", "7bt", 0.9, None, "issue 34: replay under isolation, per request (7at) >= 0.9x the "
+       "primary-key SELECT under the same policy (7bt)")
+    vs("7as", "7bs", 0.9, None, "issue 34: the same with the tenant set for the session, one "
+       "statement each (7as / 7bs)")
     if sweep:
         r = sweep["sweep_rows_s"] / sweep["delete_rows_s"]
         rows.append(("9: sweep >= 0.8x a raw batched DELETE",
@@ -186,6 +194,7 @@ ON_IDS = ["1", "1b", "2", "3", "4", "5", "8", "1c", "1cp", "2c", "2f", "6", "6a"
 READ_IDS = ["7a", "7b", "7c", "7d"]
 S0_IDS = ["0b", "0x", "0c", "0r", "0cp", "0f"]
 S11_IDS = ["11c", "11d", "11a", "11b"]
+SECURE_IDS = ["2t", "2n", "1bt", "7at", "7bt", "7as", "7bs"]
 
 
 def markdown(meta, summary, runs, sweep, storage, s11_note):
@@ -200,7 +209,9 @@ def markdown(meta, summary, runs, sweep, storage, s11_note):
          f"{meta['noise']}.", ""]
     L += ["Columns: throughput in business operations per second; × ref = ratio to the "
           "scenario named after it (1 = bare business transaction in pgbench, 1c = the same "
-          "in the C driver, 7b = plain primary-key SELECT); p50/p99 = latency of one "
+          "in the C driver, 7b = plain primary-key SELECT; in the secure rows 2n = the same "
+          "role and statements without tenant isolation, 7bt and 7bs = the primary-key "
+          "SELECT under the same policy); p50/p99 = latency of one "
           "operation; WAL B/op, FPI/op = WAL bytes and full-page images per operation; "
           "CPU µs/op = backend CPU (+ redis-server CPU for Redis rows) per operation; "
           "spread = (max − min)/median of throughput over rounds.", ""]
@@ -208,6 +219,17 @@ def markdown(meta, summary, runs, sweep, storage, s11_note):
     L += [""]
     L += throughput_table(summary, "on", READ_IDS, "Replay (scenario 7), read-only")
     L += [""]
+    if any(summary.get(("on", sid)) for sid in SECURE_IDS):
+        L += throughput_table(summary, "on", SECURE_IDS,
+                              "The secure rows (issue 34): tenant isolation on, as the "
+                              "application role of docs/privileges.md")
+        L += ["", "2t, 2n and 1bt set the tenant with set_config('app.tenant', 'bench', true) "
+              "in every transaction, as the packages' tenant_setting does; 2t and 1bt run "
+              "where isolation is on (idem_set_tenant_isolation(true, 'app.tenant'); 1bt's "
+              "table has the extension's policy copied), 2n where it is off. 7at and 7bt serve "
+              "a replay per request as the packages do (BEGIN, set_config, the read, COMMIT); "
+              "7as and 7bs set the tenant for the session (app.tenant in the connection's "
+              "options) and make the one statement.", ""]
     L += throughput_table(summary, "off", ON_IDS, "Throughput, " + TABLE_TITLES["off"])
     L += [""]
     L += throughput_table(summary, "on", S0_IDS,
@@ -269,7 +291,7 @@ def markdown(meta, summary, runs, sweep, storage, s11_note):
         L += ["", "With one client (11c, 11d) the figure is the time a consumer waits for its "
               "batch; with 16 clients (11a, 11b) both sides compete for the same 2 cores as the "
               "server, so the ratio approaches the ratio of server CPU per key.", ""]
-    L += ["### Targets (issues 5 and 15; printed, not asserted)", "",
+    L += ["### Targets (issues 5, 15 and 34; printed, not asserted)", "",
           "| target | figure | result |", "|---|---|---|"]
     for t, f, v in targets(summary, runs, sweep, storage):
         L.append(f"| {t} | {f} | {v} |")
@@ -338,7 +360,10 @@ CHART_ROWS = [("1b", "1", "1b lean SQL"), ("2", "1", "2 extension in-tx"),
               ("6", "1c", "6 Redis + PG (C driver)"), ("6a", "1c", "6a Redis AOF + PG (C)"),
               ("0x", "0b", "0 extension, 50 ms work"), ("0r", "0c", "0 Redis, 50 ms work"),
               ("0f", "0cp", "0 extension, 2 round trips, 50 ms"),
-              ("7a", "7b", "7a replay vs PK SELECT")]
+              ("7a", "7b", "7a replay vs PK SELECT"),
+              ("2t", "2n", "2t secure in-tx vs isolation off"),
+              ("2t", "1bt", "2t secure in-tx vs 1bt, same policy"),
+              ("7at", "7bt", "7at secure replay vs PK SELECT")]
 
 
 def gnuplot_terminal():

@@ -6,7 +6,13 @@ names the scenario each one's ratio is taken against, within the same
 round: the bare business transaction of the same harness, or for the
 replay rows the plain primary-key SELECT.  bench.py decides which scenarios
 also run with synchronous_commit off, and skips 11a/11b when idem_claim_many
-is not installed."""
+is not installed.
+
+The secure rows (issue 34) run in databases of their own with tenant
+isolation on (bench_tenant, bench_tenant_replay) or off (bench_tenant_off),
+as the application role APP_ROLE, which holds exactly docs/privileges.md's
+application grants: the table's owner and superusers bypass row-level
+security, so measured as them isolation would cost nothing."""
 
 from dataclasses import dataclass
 
@@ -26,6 +32,12 @@ class Scenario:
     unit: str = "ops/s"
     duration: str = "write"   # which duration setting applies (bench.PROFILES)
     per_op: int = 1           # units per transaction (keys per batch)
+    db: str = ""              # database, when not bench (bench_replay for 7*)
+    role: str = ""            # connect as this role, when not the owner
+    tenant: str = ""          # app.tenant set for the session (PGOPTIONS)
+
+
+APP_ROLE = "bench_app"
 
 
 SCENARIOS = [
@@ -64,6 +76,29 @@ SCENARIOS = [
              ref="7b", round_trips="1", duration="read"),
     Scenario("7d", "replay through the PL/pgSQL implementation", "pgbench",
              "7d-replay-plpgsql.pgbench", ref="7b", round_trips="1", duration="read"),
+    # issue 34, the secure rows: tenant isolation on, as the application role,
+    # the tenant set per transaction with set_config(..., true)
+    Scenario("2t", "secure in-transaction: extension with tenant isolation on, app role, "
+             "set_config per transaction", "pgbench", "2t-ext-in-tx-tenant.pgbench", ref="2n",
+             round_trips="6", db="bench_tenant", role=APP_ROLE),
+    Scenario("2n", "the same role and statements with tenant isolation off", "pgbench",
+             "2t-ext-in-tx-tenant.pgbench", ref="2n", round_trips="6", db="bench_tenant_off",
+             role=APP_ROLE),
+    Scenario("1bt", "lean hand-written SQL + set_config on a table under the same policy",
+             "pgbench", "1bt-lean-sql-tenant.pgbench", ref="2n", round_trips="6",
+             db="bench_tenant", role=APP_ROLE),
+    Scenario("7at", "replay under isolation, per request: BEGIN, set_config, idem_claim, COMMIT",
+             "pgbench", "7at-replay-ext-tenant.pgbench", ref="7bt", round_trips="4",
+             duration="read", db="bench_tenant_replay", role=APP_ROLE),
+    Scenario("7bt", "the same request with the primary-key SELECT under the same policy",
+             "pgbench", "7bt-replay-pk-select-tenant.pgbench", ref="7bt", round_trips="4",
+             duration="read", db="bench_tenant_replay", role=APP_ROLE),
+    Scenario("7as", "replay under isolation, tenant set for the session: idem_claim alone",
+             "pgbench", "7a-replay-ext.pgbench", ref="7bs", round_trips="1", duration="read",
+             db="bench_tenant_replay", role=APP_ROLE, tenant="replay"),
+    Scenario("7bs", "the primary-key SELECT alone under the same policy, tenant set for the "
+             "session", "pgbench", "7b-replay-pk-select.pgbench", ref="7bs", round_trips="1",
+             duration="read", db="bench_tenant_replay", role=APP_ROLE, tenant="replay"),
     # issue 15's concurrent measure: 16 clients
     Scenario("11a", "idem_claim_many of 500 keys in one transaction, 16 clients", "pgbench",
              "11-claim-many.pgbench", ref="11b", round_trips="3", unit="keys/s", per_op=500,

@@ -20,12 +20,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from report import ratio_between   # noqa: E402
 
-# (scenario, its reference, column title, target from issue 15 or None)
+# (scenario, its reference, column title, target from issue 15 or 34, or None)
 KEY_RATIOS = [
     ("2", "1b", "in-transaction / lean SQL (2 / 1b)", None),
     ("7a", "7b", "replay / PK SELECT (7a / 7b)", 0.9),
     ("11c", "11d", "claim_many(500) / 500 claims, 1 client (11c / 11d)", 20.0),
     ("11a", "11b", "the same, 16 clients (11a / 11b)", None),
+    # issue 34: tenant isolation on, as the application role
+    ("2t", "2n", "secure in-transaction / isolation off (2t / 2n)", 0.97),
+    ("2t", "1bt", "secure in-transaction / lean SQL under the policy (2t / 1bt)", 1.1),
+    ("7at", "7bt", "secure replay / PK SELECT under the policy (7at / 7bt)", 0.9),
 ]
 
 
