@@ -1051,9 +1051,24 @@ record_from_tuple(IdemRecord *rec)
 	rec->state = isnull ? (Datum) 0 : varlena_in_place(d);
 }
 
+/* A copy of varlena p if it lies inside tup (else p: already a copy, or NULL). */
+static void *
+copy_out_of_tuple(HeapTuple tup, void *p)
+{
+	char	   *data = (char *) tup->t_data;
+
+	if (p == NULL || (char *) p < data || (char *) p >= data + tup->t_len)
+		return p;
+	return memcpy(palloc(VARSIZE_ANY(p)), p, VARSIZE_ANY(p));
+}
+
 /*
  * Read the record of k.  Returns false when there is none.  fresh_snapshot
  * (for volatile callers) sees what was committed since the statement began.
+ *
+ * The tuple table is freed at once, its values copied out first: a claim
+ * that waits reads again on every poll, and the tables would otherwise pile
+ * up until idem_store_end() (about 8 kB a poll, 20 polls a second).
  */
 bool
 idem_store_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot)
@@ -1063,10 +1078,22 @@ idem_store_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot)
 
 	if (idem_direct_read(k, rec, fresh_snapshot, &found))
 		return found;
-	if (store_run(Q_READ, values, "  ", !fresh_snapshot, 1) == 0)
-		return false;
-	record_from_tuple(rec);
-	return true;
+	found = store_run(Q_READ, values, "  ", !fresh_snapshot, 1) > 0;
+	if (found)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[0];
+
+		record_from_tuple(rec);
+		rec->fingerprint = copy_out_of_tuple(tup, rec->fingerprint);
+		if (!rec->response_isnull)
+			rec->response = PointerGetDatum(copy_out_of_tuple(tup,
+															  DatumGetPointer(rec->response)));
+		rec->recovery_point = copy_out_of_tuple(tup, rec->recovery_point);
+		rec->state = PointerGetDatum(copy_out_of_tuple(tup,
+													   DatumGetPointer(rec->state)));
+	}
+	SPI_freetuptable(SPI_tuptable);
+	return found;
 }
 
 /*
