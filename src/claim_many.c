@@ -7,7 +7,11 @@
  * input order; a key repeated in the array is claimed once and is
  * in_progress after that, as a second idem_claim in the same transaction
  * would be.  The fresh keys are inserted in bulk, 100 at a time, and
- * hold their key locks only while they are being inserted.
+ * hold their key locks only while they are being inserted.  No
+ * subtransaction is used: each one that inserts keeps its XID in the
+ * backend's cache of 64 until the transaction ends, and a consumer's
+ * transaction of a few 1000-key batches would overflow it, which slows
+ * every snapshot taken in the server.
  */
 #include "postgres.h"
 
@@ -190,14 +194,6 @@ text_array(text **items, int n)
  * to take over, a key repeated in the batch) go through idem_claim_one,
  * exactly as idem_claim would.
  */
-/*
- * After an INSERT found an existing key, this many INSERTs go straight to
- * the speculative INSERT (a consumer replaying its batches replays many).
- */
-#define IDEM_OPTIMISTIC_BACKOFF	16
-
-static int	optimistic_backoff = 0;
-
 /* The INSERT of a batch's locked keys (idem_store_insert_many). */
 typedef struct FreshInsert
 {
@@ -225,57 +221,73 @@ insert_fresh(void *arg)
 }
 
 /*
- * A consumer's batch is mostly new messages, and every key it is about to
- * insert is locked by this transaction.  So first try one plain INSERT of
- * them all, in a subtransaction: it skips the speculative insertion's index
- * probe and extra WAL record per row (about a third of the batch's cost).
- * If a key has a record after all, the subtransaction rolls back (the rows
- * it wrote are dead), returns false, and the caller takes the speculative
- * path, as do the next IDEM_OPTIMISTIC_BACKOFF INSERTs of this backend.
- */
-static bool
-insert_all_fresh(FreshInsert *f)
-{
-	static const int key_exists[] = {ERRCODE_UNIQUE_VIOLATION};
-
-	if (optimistic_backoff > 0)
-	{
-		optimistic_backoff--;
-		return false;
-	}
-	f->speculative = false;
-	if (idem_try_in_subtransaction(insert_fresh, f, key_exists,
-								   lengthof(key_exists)))
-		return true;
-	optimistic_backoff = IDEM_OPTIMISTIC_BACKOFF;
-	return false;
-}
-
-/*
- * Leave out the locked keys among elements [from, to) that another batch
- * in flight has inserted (their rows have no lock holder): they are
- * in_progress.  Returns how many stay locked.
+ * Leave out the locked keys among elements [from, to) that have a row,
+ * found by a probe of the key index (what the INSERT's unique check would
+ * find).  A row another batch in flight inserted (it has no lock holder)
+ * makes its key in_progress; any other row is read and decided later, as
+ * a key the INSERT missed.  Their locks are given back.  Returns how many
+ * stay locked: those the INSERT can take without a conflict.
  */
 static int
-leave_out_keys_in_flight(Batch *batch, int from, int to)
+leave_out_keys_taken(Batch *batch, int from, int to)
 {
 	int			locked = 0;
 
 	for (int i = from; i < to; i++)
 	{
 		BatchKey   *bk = &batch->keys[i];
+		TransactionId inserter;
 
 		if (!bk->locked)
 			continue;
-		if (TransactionIdIsValid(idem_direct_inserter(&bk->k)))
+		if (idem_direct_key_taken(&bk->k, &inserter))
 		{
 			idem_keylock_release(&bk->k);
 			bk->locked = false;
+			bk->lock_given_back = !TransactionIdIsValid(inserter);
 		}
 		else
 			locked++;
 	}
 	return locked;
+}
+
+/*
+ * The plain INSERT of keys the probe found free, without a subtransaction
+ * (see the top of this file).  Every claimer inserts a key only under its
+ * lock, which this batch holds, so only a record written around the lock
+ * (directly into the table) can meet it: its unique violation becomes the
+ * error a held claim reports for the same (held.c), and the transaction
+ * rolls back.
+ */
+static void
+insert_free_keys(FreshInsert *f)
+{
+	MemoryContext caller_context = CurrentMemoryContext;
+
+	f->speculative = false;
+	PG_TRY();
+	{
+		insert_fresh(f);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(caller_context);
+		edata = CopyErrorData();
+		if (edata->sqlerrcode != ERRCODE_UNIQUE_VIOLATION)
+			PG_RE_THROW();
+		/* the transaction is aborting: only the error it reports changes */
+		FlushErrorState();
+		ereport(ERROR,
+				(errcode(ERRCODE_IDEM_TOKEN_MISMATCH),
+				 errmsg("claim of a key of the batch lost: another transaction stored a record for it"),
+				 errdetail("%s The record was written without taking the key's lock (directly into the table).",
+						   edata->detail ? edata->detail : ""),
+				 errhint("This transaction is rolled back; the key's outcome belongs to the other record.")));
+	}
+	PG_END_TRY();
 }
 
 /*
@@ -358,26 +370,30 @@ set_insert_arrays(FreshInsert *f, int n)
  *
  * With lets_locks_go, batches give their key locks back after their INSERT,
  * so a key locked here may still have a row that another batch in flight
- * inserted, and an INSERT meeting it would wait for that transaction: those
- * keys are left out first (in_progress), each found by a probe of the key
- * index.  (Trying the INSERT under a short lock_timeout instead, and
- * probing only when it gave up, saved the probes, but PostgreSQL can then
- * turn the timeout's signal into a "canceling statement due to user
- * request" error in a later lock wait of the same statement.)
+ * inserted, and an INSERT meeting it would wait for that transaction: each
+ * locked key is probed in the key index first, and those with a row are
+ * left out, so the INSERT of the rest needs neither ON CONFLICT nor a
+ * subtransaction.  (Trying the INSERT under a short lock_timeout instead,
+ * and probing only when it gave up, saved the probes, but PostgreSQL can
+ * then turn the timeout's signal into a "canceling statement due to user
+ * request" error in a later lock wait of the same statement.)  Without the
+ * probe (no key index of ours), the INSERT is speculative.
  */
 static void
 insert_locked_keys(FreshInsert *f, int n, bool lets_locks_go)
 {
 	if (lets_locks_go)
 	{
-		n = leave_out_keys_in_flight(f->batch, f->from, f->to);
+		n = leave_out_keys_taken(f->batch, f->from, f->to);
 		if (n == 0)
 			return;
 	}
 	set_insert_arrays(f, n);
 	if (idem_store_distributed())
 		insert_each_fresh(f);
-	else if (!insert_all_fresh(f))
+	else if (lets_locks_go)
+		insert_free_keys(f);
+	else
 	{
 		f->speculative = true;
 		insert_fresh(f);
