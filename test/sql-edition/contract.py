@@ -1,0 +1,475 @@
+#!/usr/bin/env python3
+"""The focused contract of the SQL edition (run by test/suites/36-sql-edition).
+
+Runs against a server that does NOT load the C library, where the SQL
+edition was installed with psql -f into --schema by --owner (not a
+superuser).  Each check prints "ok" or "FAIL"; the last line is
+CONTRACT-RESULT passed=N failed=M.
+
+The C edition's regression files (sql/*.sql) are not reused in this slice:
+their expected output holds the C edition's held claims, shared-memory
+statistics and error CONTEXT lines, so here the behaviour they pin down is
+asserted directly, and test/sql-edition/differential.py compares the two
+editions call by call.
+"""
+import argparse
+import os
+import re
+import sys
+import threading
+import time
+
+import psycopg2
+import psycopg2.errors
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'upgrade'))
+import common  # noqa: E402  (test/upgrade/common.py: counted checks, query helpers)
+from common import check, rows  # noqa: E402
+
+args = None
+
+
+def connect(user, autocommit=True, options=None):
+    conn = psycopg2.connect(host=args.host, port=args.port, dbname=args.dbname, user=user,
+                            options='-c search_path=%s%s' % (args.schema, ' ' + options if options else ''))
+    conn.autocommit = autocommit
+    return conn
+
+
+def one(conn, sql, params=None):
+    """The first row, or None for a statement without a result (SET, GRANT)."""
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchone() if cur.description else None
+
+
+def error(conn, sql, params=None):
+    """(sqlstate, primary message) of a failing statement, or None."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+    except psycopg2.Error as e:
+        if not conn.autocommit:
+            conn.rollback()
+        return (e.pgcode, e.diag.message_primary)
+    return None
+
+
+def claim(conn, tenant, key, fp=None, lease=None, ttl=None, wait=None):
+    return one(conn, 'SELECT outcome, token, response, expires_at, recovery_point, state'
+                     ' FROM idem_claim(%s, %s, %s, %s::interval, %s::interval, %s::interval)',
+               (tenant, key, fp, lease, ttl, wait))
+
+
+def run():
+    owner = connect(args.owner)
+    su = connect('postgres')
+
+    # ---- roles with exactly docs/privileges.md's grants
+    for r in ('app', 'idem_operator', 'nobody'):
+        one(su, 'DROP ROLE IF EXISTS %s' % r)
+        one(su, 'CREATE ROLE %s LOGIN' % r)
+    s = args.schema
+    one(owner, 'GRANT USAGE ON SCHEMA %s TO app, idem_operator, nobody' % s)
+    one(owner, 'GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval),'
+               ' idem_claim_many(text, text[], text[], interval, interval),'
+               ' idem_complete(text, text, bigint, jsonb), idem_release(text, text, bigint, jsonb),'
+               ' idem_heartbeat(text, text, bigint, interval),'
+               ' idem_checkpoint(text, text, bigint, text, jsonb, interval),'
+               ' idem_child_key(text, text, text), idem_lookup(text, text) TO app')
+    one(owner, 'GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO app')
+    one(owner, 'GRANT EXECUTE ON FUNCTION idem_lookup(text, text), idem_forget(text, text),'
+               ' idem_sweep(integer), idem_record_states(), idem_stats_read(), idem_stats_reset(),'
+               ' idem_node_stats(), idem_cluster_stats() TO idem_operator')
+    one(owner, 'GRANT SELECT, UPDATE, DELETE ON idempotency_records TO idem_operator')
+    one(owner, 'GRANT SELECT ON idem_stats TO idem_operator')
+    app = connect('app')
+    op = connect('idem_operator')
+    nobody = connect('nobody')
+
+    # ---- the objects: names, argument names, defaults, result columns as the C edition's 1.2
+    sigs = dict(rows(su, "SELECT p.proname, pg_get_function_arguments(p.oid) || ' -> ' ||"
+                         " pg_get_function_result(p.oid) FROM pg_proc p"
+                         " WHERE p.pronamespace = %s::regnamespace AND p.proname LIKE 'idem\\_%%'"
+                         " AND p.proname NOT LIKE 'idem\\_sql\\_%%'", (s,)))
+    expected = {
+        'idem_claim': 'tenant_id text, key text, fingerprint text DEFAULT NULL::text, lease interval DEFAULT NULL::interval, ttl interval DEFAULT NULL::interval, wait interval DEFAULT NULL::interval -> idem_claim_result',
+        'idem_claim_many': 'tenant_id text, keys text[], fingerprints text[] DEFAULT NULL::text[], lease interval DEFAULT NULL::interval, ttl interval DEFAULT NULL::interval, OUT key text, OUT outcome text, OUT token bigint, OUT response jsonb, OUT expires_at timestamp with time zone, OUT recovery_point text, OUT state jsonb -> SETOF record',
+        'idem_complete': 'tenant_id text, key text, token bigint, response jsonb DEFAULT NULL::jsonb -> void',
+        'idem_release': 'tenant_id text, key text, token bigint, failure jsonb DEFAULT NULL::jsonb -> void',
+        'idem_heartbeat': 'tenant_id text, key text, token bigint, lease interval DEFAULT NULL::interval -> timestamp with time zone',
+        'idem_checkpoint': 'tenant_id text, key text, token bigint, point text, state jsonb DEFAULT NULL::jsonb, lease interval DEFAULT NULL::interval -> void',
+        'idem_child_key': 'tenant_id text, key text, step text -> text',
+        'idem_lookup': 'tenant_id text, key text, OUT status text, OUT token bigint, OUT response jsonb, OUT fingerprint text, OUT lease_expires_at timestamp with time zone, OUT expires_at timestamp with time zone, OUT created_at timestamp with time zone, OUT updated_at timestamp with time zone, OUT recovery_point text, OUT state jsonb -> SETOF record',
+        'idem_forget': 'tenant_id text, key text -> boolean',
+        'idem_sweep': 'batch_size integer DEFAULT NULL::integer, OUT expired_removed bigint, OUT stale_released bigint, OUT stale_failed bigint -> record',
+        'idem_record_states': 'OUT state text, OUT records bigint, OUT oldest_updated_at timestamp with time zone, OUT next_expires_at timestamp with time zone -> SETOF record',
+        'idem_set_tenant_isolation': "enabled boolean, setting text DEFAULT 'app.tenant'::text -> boolean",
+        'idem_create_index': 'columns text[], index_name text DEFAULT NULL::text -> text',
+        'idem_drop_index': 'index_name text -> boolean',
+        'idem_current_tenant': 'setting text -> text',
+        'idem_distribute': 'shard_count integer DEFAULT NULL::integer -> void',
+    }
+    for name, sig in expected.items():
+        check(sigs.get(name) == sig, 'signature of %s' % name, sigs.get(name))
+    for name in ('idem_stats_read', 'idem_stats_reset', 'idem_node_stats', 'idem_cluster_stats',
+                 'idem_apply_tenant_isolation', 'idem_apply_extra_index',
+                 'idem_schedule_sweep', 'idem_unschedule_sweep'):
+        check(name in sigs, '%s exists' % name)
+    cols = rows(su, "SELECT attname, format_type(atttypid, atttypmod), attnotnull,"
+                    " coalesce((SELECT collname FROM pg_collation WHERE oid = attcollation), '')"
+                    " FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 ORDER BY attnum",
+                (s + '.idempotency_records',))
+    check(cols == [('token', 'bigint', True, ''), ('expires_at', 'timestamp with time zone', True, ''),
+                   ('lease_expires_at', 'timestamp with time zone', False, ''),
+                   ('created_at', 'timestamp with time zone', True, ''),
+                   ('updated_at', 'timestamp with time zone', True, ''), ('ttl', 'interval', True, ''),
+                   ('tenant_id', 'text', True, 'C'), ('key', 'text', True, 'C'),
+                   ('status', 'text', True, 'default'), ('fingerprint', 'text', False, 'default'),
+                   ('response', 'jsonb', False, ''), ('recovery_point', 'text', False, 'default'),
+                   ('state', 'jsonb', False, '')],
+          'idempotency_records has the C edition\'s columns, order, types, collations', cols)
+    check(rows(su, "SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                   " WHERE i.indrelid = %s::regclass ORDER BY 1", (s + '.idempotency_records',)) ==
+          [('idempotency_records_expires_at_idx',), ('idempotency_records_pkey',)],
+          'the table has the primary key and the expiry index, nothing else')
+
+    # ---- outcomes, as the application role with exactly its grants
+    c = claim(app, 'acme', 'order-1', 'fp-a')
+    check(c[0] == 'claimed' and c[1] > 0 and c[2] is None and c[3] is not None and c[4] is None,
+          'a fresh key is claimed with a token and a lease', c)
+    t1 = c[1]
+    check(one(app, "SELECT lease_expires_at = expires_at AND lease_expires_at BETWEEN now() + interval '4 min 50 s'"
+                   " AND now() + interval '5 min 10 s' AND ttl = interval '24 hours' AND status = 'processing'"
+                   " FROM idempotency_records WHERE tenant_id = 'acme' AND key = 'order-1'")[0],
+          'the record: processing, default lease 5 min, ttl 24 h')
+    c = claim(app, 'acme', 'order-1', 'fp-a')
+    check(c[0] == 'in_progress' and c[1] is None and c[3] is not None, 'a live claim is in_progress with its lease end', c)
+    check(claim(app, 'globex', 'order-1', 'fp-b')[0] == 'claimed', 'the same key in another tenant is independent')
+    check(claim(app, 'acme', 'order-1', 'fp-other')[0] == 'mismatch', 'another fingerprint is a mismatch, also while processing')
+    one(app, "SELECT idem_complete('acme', 'order-1', %s, %s::jsonb)", (t1, '{"status": 201, "body": {"n": [1, {"a": null}]}}'))
+    c = claim(app, 'acme', 'order-1', 'fp-a')
+    check(c[0] == 'replay' and c[1] is None and c[2] == {"status": 201, "body": {"n": [1, {"a": None}]}},
+          'completed: replay of the stored response', c)
+    check(one(app, "SELECT r.response::text = c.response::text AND jsonb_send(r.response) = jsonb_send(c.response)"
+                   " FROM idempotency_records r, idem_claim('acme', 'order-1') c"
+                   " WHERE r.tenant_id = 'acme' AND r.key = 'order-1'")[0], 'the replay is byte-identical jsonb')
+    check(claim(app, 'acme', 'order-1', None)[0] == 'replay', 'a NULL fingerprint skips the check')
+    check(claim(app, 'acme', 'order-1', 'x')[0] == 'mismatch', 'a different fingerprint on a completed record is a mismatch')
+    e = error(app, "SELECT idem_complete('acme', 'order-1', %s)", (t1,))
+    check(e == ('ID003', 'cannot complete: the key is already completed'), 'complete twice: ID003', e)
+    e = error(app, "SELECT idem_complete('acme', 'nokey', 5)")
+    check(e == ('ID001', 'cannot complete: no record exists for this key'), 'complete of no record: ID001', e)
+    t = claim(app, 'acme', 'order-2', 'fp')[1]
+    one(app, "SELECT idem_release('acme', 'order-2', %s, failure => '{\"error\": \"card_declined\"}')", (t,))
+    c = claim(app, 'acme', 'order-2', 'fp')
+    check(c[0] == 'failed' and c[2] == {"error": "card_declined"}, 'released with a failure: failed, replayed', c)
+    t = claim(app, 'acme', 'order-3')[1]
+    one(app, "SELECT idem_release('acme', 'order-3', %s)", (t,))
+    check(one(app, "SELECT count(*) FROM idempotency_records WHERE key = 'order-3'")[0] == 0,
+          'a release without failure deletes the record')
+    c = claim(app, 'acme', 'order-3')
+    check(c[0] == 'claimed' and c[1] > t + 1, 'the key is claimed again with a larger fresh token (> old + 1)', (t, c[1]))
+    e = error(app, "SELECT idem_release('acme', 'order-3', %s)", (t,))
+    check(e is not None and e[0] == 'ID002' and e[1] == 'cannot release: token %d does not hold this key' % t,
+          'the old token is fenced off: ID002', e)
+
+    # ---- in one transaction: a second claim is in_progress; after a release, claimed again
+    tx = connect('app', autocommit=False)
+    a = claim(tx, 'acme', 'same-tx')
+    b = claim(tx, 'acme', 'same-tx')
+    one(tx, "SELECT idem_release('acme', 'same-tx', %s)", (a[1],))
+    c = claim(tx, 'acme', 'same-tx')
+    tx.commit()
+    check(a[0] == 'claimed' and b[0] == 'in_progress' and c[0] == 'claimed' and c[1] > a[1],
+          'same transaction: claimed, in_progress, release, claimed with a larger token', (a[0], b[0], c[0]))
+    # own claim past its lease in the same transaction is still ours
+    a = claim(tx, 'acme', 'own-stale', lease='1 ms')
+    time.sleep(0.01)
+    b = claim(tx, 'acme', 'own-stale')
+    tx.rollback()
+    check(a[0] == 'claimed' and b[0] == 'in_progress', 'a claim of our own transaction past its lease is in_progress, not taken over', b)
+
+    # ---- leases, takeover, heartbeat, fencing of a zombie
+    z = claim(app, 'acme', 'lease-1', 'fp', lease='50 ms')
+    time.sleep(0.1)
+    n = claim(app, 'acme', 'lease-1', 'fp')
+    check(n[0] == 'claimed' and n[1] == z[1] + 1, 'an expired lease is taken over with the old token + 1', (z[1], n[1]))
+    e = error(app, "SELECT idem_complete('acme', 'lease-1', %s, '{}')", (z[1],))
+    check(e is not None and e[0] == 'ID002', 'the zombie cannot complete (ID002)', e)
+    e = error(app, "SELECT idem_heartbeat('acme', 'lease-1', %s)", (z[1],))
+    check(e is not None and e[0] == 'ID002' and e[1].startswith('cannot heartbeat: token'), 'nor heartbeat', e)
+    h = one(app, "SELECT idem_heartbeat('acme', 'lease-1', %s, '1 hour') BETWEEN now() + interval '59 min' AND now() + interval '61 min'", (n[1],))[0]
+    check(h and one(app, "SELECT lease_expires_at = expires_at AND lease_expires_at > now() + interval '59 min'"
+                         " FROM idempotency_records WHERE key = 'lease-1'")[0], 'a heartbeat extends the lease and returns its end')
+    z = claim(app, 'acme', 'lease-2', lease='10 ms')
+    time.sleep(0.03)
+    one(app, "SELECT idem_complete('acme', 'lease-2', %s, '\"late\"')", (z[1],))
+    check(claim(app, 'acme', 'lease-2')[0] == 'replay', 'a holder past its lease that nobody took over may still complete')
+
+    # ---- stale_action = fail (a placeholder setting here)
+    one(app, "SET idempotency.stale_action = 'fail'")
+    claim(app, 'acme', 'stale-f', lease='10 ms')
+    time.sleep(0.03)
+    c = claim(app, 'acme', 'stale-f')
+    check(c[0] == 'failed' and c[2] == {"error": "lease_expired"}, "stale_action = 'fail': the stale claim becomes failed", c)
+    one(app, "RESET idempotency.stale_action")
+
+    # ---- recovery points (1.1/1.2)
+    t = claim(app, 'acme', 'multi', 'fp', lease='30 ms', ttl='1 hour')[1]
+    one(app, "SELECT idem_checkpoint('acme', 'multi', %s, 'charged', '{\"charge\": \"ch_1\"}')", (t,))
+    check(one(app, "SELECT expires_at = lease_expires_at + interval '1 hour' FROM idempotency_records WHERE key = 'multi'")[0],
+          'a checkpointed record is kept its ttl after the lease')
+    time.sleep(0.06)
+    check(one(app, "SELECT status FROM idem_lookup('acme', 'multi')")[0] == 'resumable', 'idem_lookup shows it resumable')
+    check(dict(rows(op, "SELECT state, records FROM idem_record_states()")).get('resumable') == 1,
+          'idem_record_states counts it resumable')
+    one(op, "SELECT idem_sweep()")
+    c = claim(app, 'acme', 'multi', 'fp')
+    check(c[0] == 'claimed' and c[1] == t + 1 and c[4] == 'charged' and c[5] == {"charge": "ch_1"},
+          'the sweep keeps it; the next claim resumes from the recovery point', c)
+    one(app, "SELECT idem_checkpoint('acme', 'multi', %s, 'shipped', lease => '1 hour')", (c[1],))
+    one(app, "SELECT idem_release('acme', 'multi', %s)", (c[1],))
+    r = one(app, "SELECT token, status, recovery_point, lease_expires_at <= now() FROM idempotency_records WHERE key = 'multi'")
+    check(r == (c[1] + 1, 'processing', 'shipped', True), 'a release without failure hands a checkpointed record on (token + 1)', r)
+    c2 = claim(app, 'acme', 'multi')
+    check(c2[0] == 'claimed' and c2[1] == c[1] + 2 and c2[4] == 'shipped', 'and the next claim resumes it', c2)
+    e = error(app, "SELECT idem_checkpoint('acme', 'multi', %s, '')", (c2[1],))
+    check(e == ('22023', 'point must not be empty'), 'an empty point: 22023', e)
+
+    # ---- child keys: the C edition's, byte for byte (known values computed by the C edition)
+    check(one(app, "SELECT idem_child_key('shop', 'order-1', 'charge')")[0] ==
+          'idem-5830c308c5dbc959038c27792e6378a176178892bd52a0d8a50e44a94e6b34b1',
+          'idem_child_key equals the C edition\'s for the docs example')
+    ck = one(app, "SELECT idem_child_key('t', 'k', 's'), idem_child_key('t', 'k', 's2'), idem_child_key('t2', 'k', 's'),"
+             " length(idem_child_key('t', 'k', 's'))")
+    check(len(set(ck[:3])) == 3 and ck[3] == 69, 'child keys differ per tenant and step, 69 characters', ck)
+    e = error(app, "SELECT idem_child_key('t', 'k', NULL)")
+    check(e == ('22004', 'step must not be null'), 'a NULL step: 22004', e)
+
+    # ---- claim_many
+    rs = rows(app, "SELECT key, outcome, token IS NOT NULL FROM idem_claim_many('batch', ARRAY['a', 'b', 'a'])")
+    check(rs == [('a', 'claimed', True), ('b', 'claimed', True), ('a', 'in_progress', False)],
+          'claim_many: input order, a repeated key in_progress', rs)
+    rs = rows(app, "SELECT key, outcome FROM idem_claim_many('batch', ARRAY['a', 'c'], ARRAY['x', NULL])")
+    check(rs == [('a', 'in_progress'), ('c', 'claimed')], 'claim_many per key as idem_claim', rs)
+    for sql, want in [
+        ("SELECT * FROM idem_claim_many('batch', NULL)", ('22004', 'keys must not be null')),
+        ("SELECT * FROM idem_claim_many('batch', ARRAY['a', NULL])", ('22004', 'keys[2] must not be null')),
+        ("SELECT * FROM idem_claim_many('batch', ARRAY['a', ''])", ('22023', 'keys[2] must not be empty')),
+        ("SELECT * FROM idem_claim_many('batch', ARRAY[['a'], ['b']])", ('22023', 'keys must be a one-dimensional array')),
+        ("SELECT * FROM idem_claim_many('batch', ARRAY['a', 'b'], ARRAY['x'])", ('22023', 'fingerprints must have as many elements as keys')),
+        ("SELECT * FROM idem_claim_many('batch', ARRAY(SELECT 'k' || g FROM generate_series(1, 1001) g))", ('54000', 'keys has too many elements')),
+    ]:
+        e = error(app, sql)
+        check(e == want, 'claim_many refuses: %s' % want[1], e)
+    check(one(app, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'batch'")[0] == 3,
+          'refused batches claimed nothing')
+
+    # ---- bad input: SQLSTATEs and messages as the C edition documents them
+    for sql, want in [
+        ("SELECT idem_claim(NULL, 'k')", ('22004', 'tenant_id must not be null')),
+        ("SELECT idem_claim('bi', '')", ('22023', 'key must not be empty')),
+        ("SELECT idem_claim('bi', repeat('k', 256))", ('22001', 'key is too long')),
+        ("SELECT idem_claim('bi', 'k', '')", ('22023', 'fingerprint must not be empty')),
+        ("SELECT idem_claim('bi', 'k', lease => '0')", ('22023', 'lease must be positive')),
+        ("SELECT idem_claim('bi', 'k', ttl => '-1 s')", ('22023', 'ttl must be positive')),
+        ("SELECT idem_claim('bi', 'k', wait => '-1 s')", ('22023', 'wait must be zero or positive')),
+        ("SELECT idem_claim('bi', 'k', lease => '1001 years')", ('22023', 'lease is out of range')),
+        ("SELECT idem_claim('bi', 'k', lease => '2147483647 days')", ('22023', 'lease is out of range')),
+        ("SELECT idem_complete('bi', 'k', NULL)", ('22004', 'token must not be null')),
+        ("SELECT idem_complete('bi', 'k', 0)", ('22023', 'token must be positive')),
+        ("SELECT idem_sweep(0)", ('22023', 'batch_size must be positive')),
+        ("SELECT idem_claim('bi', 'k', 1)", ('42883', None)),
+    ]:
+        e = error(app if 'sweep' not in sql else op, sql)
+        check(e is not None and e[0] == want[0] and (want[1] is None or e[1] == want[1]),
+              'bad input %s -> %s' % (sql, want[0]), e)
+    check(one(app, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'bi'")[0] == 0, 'bad input wrote nothing')
+    one(app, "SET idempotency.max_response_size = '100'")
+    t = claim(app, 'acme', 'big')[1]
+    e = error(app, "SELECT idem_complete('acme', 'big', %s, jsonb_build_object('x', repeat('y', 200)))", (t,))
+    check(e is not None and e == ('54000', 'response is too large'), 'a response above max_response_size: 54000', e)
+    one(app, "RESET idempotency.max_response_size")
+    one(app, "SET idempotency.min_ttl = '1h'")
+    e = error(app, "SELECT idem_claim('acme', 'short', ttl => '1 min')")
+    check(e == ('22023', 'ttl is shorter than idempotency.min_ttl'), 'min_ttl refuses a shorter ttl', e)
+    one(app, "RESET idempotency.min_ttl")
+    one(app, "SET idempotency.lease = '2s'")
+    check(one(app, "SELECT expires_at < now() + interval '3 s' FROM idem_claim('acme', 'lease-setting')")[0],
+          'SET idempotency.lease works as a placeholder setting')
+    one(app, "RESET idempotency.lease")
+    ro = connect('app', autocommit=False)
+    one(ro, "SET TRANSACTION READ ONLY")
+    e = error(ro, "SELECT idem_claim('acme', 'ro')")
+    check(e is not None and e[0] == '25006', 'a claim in a read-only transaction: 25006', e)
+    ro.close()
+
+    # ---- privileges: exactly the grants of docs/privileges.md
+    e = error(app, "SELECT idem_sweep()")
+    check(e is not None and e[0] == '42501', 'the application role may not sweep (42501)', e)
+    e = error(nobody, "SELECT idem_claim('acme', 'x')")
+    check(e is not None and e[0] == '42501', 'a role without grants may not claim (42501)', e)
+    e = error(nobody, "SELECT idem_child_key('a', 'b', 'c')")
+    check(e is not None and e[0] == '42501', 'nor derive child keys', e)
+    e = error(op, "SELECT * FROM idem_stats")
+    check(e is not None and e[0] == '55000' and 'C edition' in e[1], 'idem_stats: 55000, absent with a clear error', e)
+
+    # ---- sweep: expired records, stale claims, counts as the C sweep's
+    for i in range(5):
+        t = claim(app, 'sw', 'done-%d' % i, ttl='1 ms')[1]
+        one(app, "SELECT idem_complete('sw', %s, %s)", ('done-%d' % i, t))
+    for i in range(3):
+        claim(app, 'sw', 'stale-%d' % i, lease='1 ms')
+    claim(app, 'sw', 'live')
+    time.sleep(0.02)
+    r = one(op, "SELECT * FROM idem_sweep(2)")
+    check(r == (5, 3, 0), 'idem_sweep(2): 5 expired removed, 3 stale released, in batches', r)
+    check(rows(op, "SELECT key FROM idempotency_records WHERE tenant_id = 'sw'") == [('live',)], 'the live claim stays')
+    one(op, "SET idempotency.stale_action = 'fail'")
+    claim(app, 'sw', 'stale-x', lease='1 ms')
+    time.sleep(0.02)
+    r = one(op, "SELECT * FROM idem_sweep()")
+    check(r == (0, 0, 1) and one(op, "SELECT status FROM idempotency_records WHERE key = 'stale-x'")[0] == 'failed',
+          "idem_sweep with stale_action = 'fail' fails the stale claim", r)
+    one(op, "RESET idempotency.stale_action")
+    check(one(op, "SELECT idem_forget('sw', 'live')")[0] and not one(op, "SELECT idem_forget('sw', 'live')")[0],
+          'idem_forget: true once, then false')
+
+    # ---- concurrency: an uncommitted claim makes duplicates answer in_progress at once
+    holder = connect('app', autocommit=False)
+    h = claim(holder, 'conc', 'k')
+    other = connect('app', options='-c statement_timeout=3000')
+    t0 = time.time()
+    c = claim(other, 'conc', 'k')
+    dt = time.time() - t0
+    check(c[0] == 'in_progress' and c[3] is None and dt < 0.5,
+          'a duplicate of an uncommitted claim is in_progress without waiting (%.3f s)' % dt, c)
+    lock = one(holder, "SELECT classid::bigint, objid::bigint, objsubid, %s.idem_sql_keylock('conc', 'k')"
+                       " FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()" % s)
+    check(lock is not None and lock[2] == 1 and ((lock[0] << 32) | lock[1]) == (lock[3] & 0xFFFFFFFFFFFFFFFF),
+          'the key lock: pg_locks advisory, objsubid 1, classid/objid the 64-bit hash', lock)
+    rs = rows(other, "SELECT outcome FROM idem_claim_many('conc', ARRAY['k', 'k2'])")
+    check(rs == [('in_progress',), ('claimed',)], 'claim_many meets the uncommitted claim without waiting', rs)
+    # a waiting claim sees the holder's outcome
+    res = {}
+
+    def waiter():
+        w = connect('app')
+        res['c'] = claim(w, 'conc', 'k', wait='3 s')
+        w.close()
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.3)
+    one(holder, "SELECT idem_complete('conc', 'k', %s, '\"done\"')", (h[1],))
+    holder.commit()
+    th.join()
+    check(res.get('c') is not None and res['c'][0] == 'replay' and res['c'][2] == 'done',
+          'a claim with wait => 3 s waits for the holder and replays its outcome', res.get('c'))
+    # many sessions, the same fresh keys: one winner per key, never 23505
+    keys = ['race-%d' % i for i in range(60)]
+    outcomes = {}
+    errors = []
+
+    def racer(n):
+        conn = connect('app')
+        try:
+            for k in keys:
+                o = claim(conn, 'race', k)[0]
+                outcomes.setdefault(k, []).append(o)
+        except psycopg2.Error as ex:
+            errors.append((ex.pgcode, str(ex)))
+        conn.close()
+    ths = [threading.Thread(target=racer, args=(i,)) for i in range(6)]
+    for x in ths:
+        x.start()
+    for x in ths:
+        x.join()
+    winners = [k for k in keys if outcomes.get(k, []).count('claimed') == 1
+               and all(o == 'in_progress' for o in outcomes[k] if o != 'claimed')]
+    check(not errors and len(winners) == len(keys),
+          '6 sessions x 60 keys: exactly one claimed per key, the rest in_progress, no error', (errors[:2], len(winners)))
+    xs = rows(app, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'race'")
+    check(xs == [(60,)], 'and one record per key', xs)
+
+    # ---- tenant isolation (the C edition's objects and errors)
+    one(owner, "SELECT idem_set_tenant_isolation(true)")
+    e = error(app, "SELECT idem_claim('iso', 'k')")
+    check(e == ('55000', 'tenant isolation is on, but "app.tenant" is not set'), 'isolation on, setting unset: 55000', e)
+    one(app, "SET app.tenant = 'iso'")
+    e = error(app, "SELECT idem_claim('other', 'k')")
+    check(e == ('42501', 'tenant isolation confines this session to tenant "iso", not "other"'),
+          'isolation on, another tenant: 42501', e)
+    check(claim(app, 'iso', 'k')[0] == 'claimed', 'isolation on, the session\'s tenant: claimed')
+    check(one(app, "SELECT count(*) FROM idempotency_records")[0] == 1, 'the session sees only its tenant\'s records')
+    check(one(owner, "SELECT count(*) FROM idempotency_records")[0] > 1 and
+          claim(owner, 'other', 'owner-k')[0] == 'claimed', 'the owner is not confined')
+    one(owner, "SELECT idem_set_tenant_isolation(false)")
+    one(app, "RESET app.tenant")
+
+    # ---- pg_cron: one call schedules idem_sweep(), one unschedules it; the job sweeps
+    have_cron = one(su, "SELECT count(*) FROM pg_extension WHERE extname = 'pg_cron'")[0] == 1
+    if have_cron:
+        claim(owner, 'cron', 'gone', lease='1 ms')
+        # pg_cron 1.5 and later run a job every second; 1.4 (bookworm) every minute at best
+        seconds = error(owner, "SELECT idem_schedule_sweep('1 seconds')") is None
+        job = one(owner, "SELECT jobid FROM cron.job WHERE jobname = 'idem_sweep'")[0] if seconds else \
+            one(owner, "SELECT idem_schedule_sweep()")[0]
+        cmd = one(su, "SELECT command, username, schedule FROM cron.job WHERE jobid = %s", (job,))
+        check(cmd == ('SELECT * FROM %s.idem_sweep(NULL)' % s, args.owner, '1 seconds' if seconds else '* * * * *'),
+              'idem_schedule_sweep makes the cron job', cmd)
+        if seconds:
+            deadline = time.time() + 8
+            while time.time() < deadline and one(owner, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'cron'")[0]:
+                time.sleep(0.2)
+            how = 'pg_cron ran the job'
+        else:
+            one(owner, cmd[0])      # the job's command, as pg_cron would run it
+            how = "the job's command (pg_cron 1.4 runs it within a minute)"
+        check(one(owner, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 'cron'")[0] == 0,
+              '%s: the stale claim was swept' % how)
+        again = one(owner, "SELECT idem_schedule_sweep('*/5 * * * *')")[0]
+        check(one(su, "SELECT count(*), min(schedule) FROM cron.job WHERE jobname = 'idem_sweep'") == (1, '*/5 * * * *'),
+              'scheduling again replaces the job of that name', again)
+        check(one(owner, "SELECT idem_unschedule_sweep()")[0] is True and
+              one(owner, "SELECT idem_unschedule_sweep()")[0] is False and
+              one(su, "SELECT count(*) FROM cron.job WHERE jobname = 'idem_sweep'")[0] == 0,
+              'idem_unschedule_sweep removes it (true), then false')
+    else:
+        check(False, 'pg_cron is installed in the test database')
+
+    # ---- docs/managed.md: every ```sql-edition block runs here, as the owner
+    if args.docs:
+        text = open(args.docs).read()
+        blocks = re.findall(r'^```sql-edition\n(.*?)^```', text, re.S | re.M)
+        ran = 0
+        for b in blocks:
+            e = error(owner, b)
+            check(e is None, 'docs/managed.md block %d runs' % (ran + 1), (e, b[:80]))
+            ran += 1
+        check(ran > 0, 'docs/managed.md has ```sql-edition blocks (%d)' % ran)
+
+    common.result_line('CONTRACT-RESULT')
+
+
+def main():
+    global args
+    p = argparse.ArgumentParser()
+    p.add_argument('--host', default='127.0.0.1')
+    p.add_argument('--port', type=int, required=True)
+    p.add_argument('--dbname', required=True)
+    p.add_argument('--schema', required=True)
+    p.add_argument('--owner', required=True)
+    p.add_argument('--docs')
+    args = p.parse_args()
+    try:
+        run()
+    except Exception as ex:  # an unexpected error is one failure, not a silent pass
+        check(False, 'unexpected error: %r' % (ex,))
+        common.result_line('CONTRACT-RESULT')
+        raise SystemExit(1)
+    raise SystemExit(1 if common.failed else 0)
+
+
+if __name__ == '__main__':
+    main()
