@@ -91,3 +91,8 @@ def check(pg):
         conn.close()
         if seen:
             raise RuntimeError(f"{db}: {APP_ROLE} sees {seen} rows of {table} without app.tenant")
+
+
+if __name__ == "__main__":
+    # test/bench/profile: the application grants, to run with psql
+    print("\n".join(documented_app_grants(sys.argv[1])))
