@@ -14,12 +14,14 @@
  * record's token plus one, so per key tokens only grow.  A fresh token is
  * the clock in microseconds since 2000-01-01 when that is larger than the
  * last token plus two, and the last token plus two otherwise.  The last
- * token is kept in shared memory (one slot per database), and a high-water mark at least as large is kept in the
- * sequence idempotency_tokens, which is WAL-logged: it survives a crash and
- * reaches standbys before any record carrying a token above the previous
- * mark.  The mark is moved ahead by IDEM_TOKEN_MARGIN at a time, so it is
- * written about every ten seconds, not for every claim.  After a restart
- * the first token of a database starts above the mark.
+ * token is kept in shared memory (one slot per database; the slots of
+ * dropped databases are freed when none is left), and a high-water mark
+ * at least as large is kept in the sequence idempotency_tokens, which is
+ * WAL-logged: it survives a crash and reaches standbys before any record
+ * carrying a token above the previous mark.  The mark is moved ahead by
+ * IDEM_TOKEN_MARGIN at a time, so it is written about every ten seconds,
+ * not for every claim.  After a restart the first token of a database
+ * starts above the mark.
  *
  * No token leaves this file before the WAL record of the mark that covers
  * it is flushed: the claim's own commit may come later, be asynchronous or
@@ -53,6 +55,7 @@
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
@@ -346,6 +349,54 @@ find_slot(void)
 }
 
 /*
+ * Free the slots of databases that were dropped; returns whether one was
+ * freed.  Called when no slot is free, so that databases created and
+ * dropped over time do not use the slots up.  Existence is looked up in
+ * the catalog without holding the lock (a dropped database has no backend
+ * left to use its slot; one that is being dropped still exists here).  A
+ * freed slot starts afresh: the next database to take it loads its own
+ * mark.
+ *
+ * A dropped database's OID can be reused by a new one before its slot is
+ * freed (slots are freed only when none is free): the new database then
+ * finds the old slot under its OID, with the old database's last token.
+ * That is harmless for monotonicity: tokens only have to grow, and the new
+ * database's first token is then larger than it needed to be.  The slot
+ * names the sequence it was loaded from, so the new database loads its own
+ * mark (load_slot) before relying on it, unless its sequence has the old
+ * one's OID as well (both copied from one template, after the OID counter
+ * wrapped around), the one case the slot cannot tell apart.
+ */
+static bool
+free_slots_of_dropped_databases(void)
+{
+	Oid			dbids[IDEM_TOKEN_SLOTS];
+	bool		dropped[IDEM_TOKEN_SLOTS];
+	bool		freed = false;
+
+	LWLockAcquire(shared->lock, LW_SHARED);
+	for (int i = 0; i < IDEM_TOKEN_SLOTS; i++)
+		dbids[i] = shared->slots[i].dbid;
+	LWLockRelease(shared->lock);
+
+	for (int i = 0; i < IDEM_TOKEN_SLOTS; i++)
+		dropped[i] = OidIsValid(dbids[i]) && dbids[i] != MyDatabaseId &&
+			!SearchSysCacheExists1(DATABASEOID, ObjectIdGetDatum(dbids[i]));
+
+	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	for (int i = 0; i < IDEM_TOKEN_SLOTS; i++)
+	{
+		if (dropped[i] && shared->slots[i].dbid == dbids[i])
+		{
+			memset(&shared->slots[i], 0, sizeof(TokenSlot));
+			freed = true;
+		}
+	}
+	LWLockRelease(shared->lock);
+	return freed;
+}
+
+/*
  * Make sure the durable mark covers last: move it ahead by the margin,
  * one writer at a time, never backwards, and publish it in the slot only
  * once its WAL is flushed (tokens covered by the slot's mark are handed
@@ -433,10 +484,15 @@ reserve(Oid sequence, TimestampTz now, int n, int64 exact)
 	if (shared == NULL)
 		return reserve_without_slot(sequence, now, n, exact);
 
-	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
-	slot = find_slot();
-	loaded = slot != NULL && slot->sequence == sequence;
-	LWLockRelease(shared->lock);
+	for (int attempt = 0; attempt < 2; attempt++)
+	{
+		LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+		slot = find_slot();
+		loaded = slot != NULL && slot->sequence == sequence;
+		LWLockRelease(shared->lock);
+		if (slot != NULL || !free_slots_of_dropped_databases())
+			break;
+	}
 	if (slot == NULL)
 		return reserve_without_slot(sequence, now, n, exact);
 	if (!loaded)
