@@ -12,7 +12,6 @@ statistics and error CONTEXT lines, so here the behaviour they pin down is
 asserted directly, and test/sql-edition/differential.py compares the two
 editions call by call.
 """
-import argparse
 import os
 import re
 import sys
@@ -23,6 +22,8 @@ import psycopg2
 import psycopg2.errors
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'upgrade'))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli  # noqa: E402
 import common  # noqa: E402  (test/upgrade/common.py: counted checks, query helpers)
 from common import check, rows  # noqa: E402
 
@@ -454,21 +455,10 @@ def run():
 
 def main():
     global args
-    p = argparse.ArgumentParser()
-    p.add_argument('--host', default='127.0.0.1')
-    p.add_argument('--port', type=int, required=True)
-    p.add_argument('--dbname', required=True)
-    p.add_argument('--schema', required=True)
-    p.add_argument('--owner', required=True)
+    p = cli.parser(__doc__.splitlines()[0])
     p.add_argument('--docs')
     args = p.parse_args()
-    try:
-        run()
-    except Exception as ex:  # an unexpected error is one failure, not a silent pass
-        check(False, 'unexpected error: %r' % (ex,))
-        common.result_line('CONTRACT-RESULT')
-        raise SystemExit(1)
-    raise SystemExit(1 if common.failed else 0)
+    cli.finish(run, 'CONTRACT-RESULT')
 
 
 if __name__ == '__main__':

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""pg_tle's update path for the SQL edition (run by test/suites/36-sql-edition).
+
+On a server preloading pg_tle where idempotency_sql 1.2 was registered by
+--admin (a pgtle_admin member, not a superuser) and created with CREATE
+EXTENSION by --owner in --schema: records in every state are written, the
+update path 1.2 -> --to (the file --update, made by sql-edition/build
+--update-to) is registered by --admin, ALTER EXTENSION idempotency_sql
+UPDATE is run by --owner, and the records, their tokens and the claims in
+flight must come through unchanged and go on working; then DROP EXTENSION
+and pgtle.uninstall_extension leave nothing behind.  The last line is
+PGTLE-RESULT passed=N failed=M.
+"""
+import os
+import sys
+
+import psycopg2
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'upgrade'))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli  # noqa: E402
+import common  # noqa: E402
+from common import check, one, rows  # noqa: E402
+
+args = None
+
+
+def connect(user):
+    conn = psycopg2.connect(host=args.host, port=args.port, dbname=args.dbname, user=user,
+                            options='-c search_path=%s' % args.schema)
+    conn.autocommit = True
+    return conn
+
+
+def ex(conn, sql, params=None):
+    """Run a statement, with or without a result."""
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+
+
+def claim(conn, key, lease=None):
+    return one(conn, "SELECT outcome, token FROM idem_claim('t', %s, NULL, %s::interval)", (key, lease))
+
+
+def snapshot(conn):
+    return rows(conn, "SELECT tenant_id, key, status, token, fingerprint, response, lease_expires_at,"
+                      " expires_at, created_at, updated_at, ttl, recovery_point, state"
+                      " FROM idempotency_records ORDER BY tenant_id, key")
+
+
+def run():
+    owner = connect(args.owner)
+    admin = connect(args.admin)
+    su = connect('postgres')
+
+    # records in every state: completed, failed, a claim in flight with a
+    # live lease, one with a recovery point, a stale one
+    _, t_done = claim(owner, 'done')
+    ex(owner, "SELECT idem_complete('t', 'done', %s, '{\"ok\": 1}')", (t_done,))
+    _, t_failed = claim(owner, 'failed')
+    ex(owner, "SELECT idem_release('t', 'failed', %s, '{\"error\": \"x\"}')", (t_failed,))
+    _, t_live = claim(owner, 'live', '10 minutes')
+    _, t_point = claim(owner, 'point', '10 minutes')
+    ex(owner, "SELECT idem_checkpoint('t', 'point', %s, 'step-2', '{\"n\": 2}')", (t_point,))
+    _, t_stale = claim(owner, 'stale', '1 ms')
+    before = snapshot(owner)
+    procs_before = dict(rows(su, "SELECT oid::int, xmin::text FROM pg_proc WHERE pronamespace = %s::regnamespace",
+                             (args.schema,)))
+    top = one(owner, "SELECT max(token) FROM idempotency_records")[0]
+
+    with admin.cursor() as cur:
+        cur.execute(open(args.update).read())
+    check(one(admin, "SELECT count(*) FROM pgtle.extension_update_paths('idempotency_sql')"
+                     " WHERE source = '1.2' AND target = %s AND path IS NOT NULL", (args.to,))[0] == 1,
+          'the update path 1.2 -> %s is registered by %s (pgtle_admin, not a superuser)' % (args.to, args.admin))
+    ex(owner, "ALTER EXTENSION idempotency_sql UPDATE")
+    check(one(owner, "SELECT extversion FROM pg_extension WHERE extname = 'idempotency_sql'")[0] == args.to,
+          'ALTER EXTENSION idempotency_sql UPDATE by %s moves it to %s' % (args.owner, args.to))
+    procs_after = dict(rows(su, "SELECT oid::int, xmin::text FROM pg_proc WHERE pronamespace = %s::regnamespace",
+                            (args.schema,)))
+    rewritten = [o for o in procs_before if procs_after.get(o) not in (None, procs_before[o])]
+    check(set(procs_after) == set(procs_before) and len(rewritten) == len(procs_before),
+          'the update script re-created every function in place (%d, same OIDs)' % len(rewritten),
+          (len(procs_before), len(procs_after), len(rewritten)))
+    check(snapshot(owner) == before, 'every record is unchanged by the update (%d records)' % len(before))
+
+    # the records go on working, tokens still increase per key
+    def looked(key):
+        return one(owner, "SELECT status, token FROM idem_lookup('t', %s)", (key,))
+    check(claim(owner, 'done')[0] == 'replay' and looked('done') == ('completed', t_done),
+          'the completed record replays, its token kept', (claim(owner, 'done'), looked('done')))
+    check(claim(owner, 'failed')[0] == 'failed', 'the failed record replays its failure',
+          claim(owner, 'failed'))
+    check(claim(owner, 'live')[0] == 'in_progress' and looked('live') == ('processing', t_live),
+          'the claim in flight is still in progress with its token', looked('live'))
+    ex(owner, "SELECT idem_complete('t', 'live', %s, '{\"ok\": 2}')", (t_live,))
+    check(claim(owner, 'live')[0] == 'replay' and looked('live') == ('completed', t_live),
+          'its holder completes it with its token after the update', looked('live'))
+    ex(owner, "SELECT idem_heartbeat('t', 'point', %s)", (t_point,))
+    r = one(owner, "SELECT recovery_point, state FROM idem_lookup('t', 'point')")
+    check(r == ('step-2', {'n': 2}), 'the recovery point is kept and its holder still heartbeats', r)
+    outcome, t_new = claim(owner, 'stale')
+    check(outcome == 'claimed' and t_new > t_stale, 'the stale claim is taken over with a larger token',
+          (outcome, t_new, t_stale))
+    outcome, t_fresh = claim(owner, 'fresh')
+    check(outcome == 'claimed' and t_fresh > top, 'a new key gets a token above every earlier one',
+          (t_fresh, top))
+
+    # DROP EXTENSION, then unregister it: nothing is left
+    ex(owner, "DROP EXTENSION idempotency_sql")
+    left = one(su, "SELECT (SELECT count(*) FROM pg_class WHERE relnamespace = %s::regnamespace)"
+                   " + (SELECT count(*) FROM pg_proc WHERE pronamespace = %s::regnamespace)"
+                   " + (SELECT count(*) FROM pg_type WHERE typnamespace = %s::regnamespace)",
+               (args.schema, args.schema, args.schema))[0]
+    check(left == 0, 'DROP EXTENSION idempotency_sql removes every object of the schema', left)
+    ex(admin, "SELECT pgtle.uninstall_extension('idempotency_sql')")
+    check(one(su, "SELECT count(*) FROM pgtle.available_extensions() WHERE name = 'idempotency_sql'")[0] == 0,
+          'pgtle.uninstall_extension by %s unregisters it' % args.admin)
+
+    common.result_line('PGTLE-RESULT')
+
+
+def main():
+    global args
+    p = cli.parser(__doc__.splitlines()[0])
+    p.add_argument('--admin', required=True)
+    p.add_argument('--update', required=True)
+    p.add_argument('--to', required=True)
+    args = p.parse_args()
+    cli.finish(run, 'PGTLE-RESULT')
+
+
+if __name__ == '__main__':
+    main()
