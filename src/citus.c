@@ -90,6 +90,20 @@ idem_citus_is_distributed(Oid table)
 	" ORDER BY s.shardid"
 
 /*
+ * Column col of row tup as text, where the query cannot give a NULL (an
+ * internal error if it does): what names the value in that error.
+ */
+static char *
+spi_text_not_null(HeapTuple tup, TupleDesc desc, int col, const char *what)
+{
+	char	   *value = SPI_getvalue(tup, desc, col);
+
+	if (value == NULL)
+		elog(ERROR, "%s is null", what);
+	return value;
+}
+
+/*
  * The placements of distributed table that this node holds, as a List of
  * RangeVar allocated in the caller's memory context.  Empty on a node that
  * holds none (a coordinator without shards).  The caller is connected to
@@ -113,7 +127,8 @@ idem_citus_local_shards(Oid table)
 
 	for (uint64 i = 0; i < SPI_processed; i++)
 	{
-		char	   *name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		char	   *name = spi_text_not_null(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1,
+											 "the name of a local shard of idempotency_records");
 		MemoryContext old = MemoryContextSwitchTo(caller);
 
 		shards = lappend(shards,
@@ -371,7 +386,8 @@ idem_citus_unreachable_workers(void)
 					" WHERE NOT r.success", false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not ask the workers whether they answer");
 	for (uint64 i = 0; i < SPI_processed; i++)
-		down = lappend(down, SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1));
+		down = lappend(down, spi_text_not_null(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1,
+											   "the node of a worker"));
 	return down;
 }
 
@@ -400,12 +416,16 @@ idem_citus_count_on_placements(Oid table, const char *command, List **warned)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[i];
 		TupleDesc	desc = SPI_tuptable->tupdesc;
-		char	   *node = SPI_getvalue(tup, desc, 1);
+		char	   *node = spi_text_not_null(tup, desc, 1, "the node of a placement");
 		char	   *result = SPI_getvalue(tup, desc, 3);
 		bool		isnull;
 
 		if (DatumGetBool(SPI_getbinval(tup, desc, 2, &isnull)))
+		{
+			if (result == NULL)
+				elog(ERROR, "a placement on node %s answered no count", node);
 			total += strtou64(result, NULL, 10);
+		}
 		else if (!list_member(*warned, makeString(node)))
 		{
 			*warned = lappend(*warned, makeString(node));

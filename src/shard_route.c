@@ -377,6 +377,8 @@ static bool
 local_execution_required_through_citus(Oid table, RoutedShard *shard, Datum tenant)
 {
 	char	   *sql;
+	char	   *nspname;
+	char	   *relname;
 
 	if (local_execution_proven)
 		return true;
@@ -387,9 +389,13 @@ local_execution_required_through_citus(Oid table, RoutedShard *shard, Datum tena
 		RegisterXactCallback(forget_proof, NULL);
 		xact_callback_registered = true;
 	}
+	/* the caller has the table locked: it cannot have gone */
+	nspname = get_namespace_name(get_rel_namespace(table));
+	relname = get_rel_name(table);
+	if (nspname == NULL || relname == NULL)
+		elog(ERROR, "cache lookup failed for relation %u", table);
 	sql = psprintf("SELECT FROM %s WHERE tenant_id OPERATOR(pg_catalog.=) %s AND false",
-				   quote_qualified_identifier(get_namespace_name(get_rel_namespace(table)),
-											  get_rel_name(table)),
+				   quote_qualified_identifier(nspname, relname),
 				   quote_literal_cstr(TextDatumGetCString(tenant)));
 	if (SPI_execute(sql, true, 0) != SPI_OK_SELECT)
 		elog(ERROR, "SPI_execute failed for \"%s\"", sql);

@@ -621,11 +621,20 @@ store_attach(Oid nsp)
 
 	table = lock_records_table(nsp);
 	if (!OidIsValid(table))
+	{
+		char	   *nspname = get_namespace_name(nsp);
+
+		/* the extension's schema was dropped since the function was found */
+		if (nspname == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_SCHEMA),
+					 errmsg("schema with OID %u does not exist", nsp)));
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_TABLE),
 				 errmsg("table idempotency_records does not exist in schema \"%s\"",
-						get_namespace_name(nsp)),
+						nspname),
 				 errhint("Drop and create the idempotency extension again.")));
+	}
 
 	key_index = idem_check_table_shape(table, &checkpoints);
 	distributed = idem_citus_is_distributed(table);
@@ -852,12 +861,16 @@ static SPIPlanPtr
 prepare_statement(IdemQuery q, Oid rel, bool keep, int cursor_options)
 {
 	StringInfoData sql;
+	char	   *nspname = get_namespace_name(get_rel_namespace(rel));
+	char	   *relname = get_rel_name(rel);
 	char	   *qualified;
 	char	   *text;
 	SPIPlanPtr	plan;
 
-	qualified = quote_qualified_identifier(get_namespace_name(get_rel_namespace(rel)),
-										   get_rel_name(rel));
+	/* the table, or a shard whose placement is locked: it cannot have gone */
+	if (nspname == NULL || relname == NULL)
+		elog(ERROR, "cache lookup failed for relation %u", rel);
+	qualified = quote_qualified_identifier(nspname, relname);
 	initStringInfo(&sql);
 	appendStringInfo(&sql, statements[q].text, qualified);
 	text = expand_checkpoint_parts(sql.data);
