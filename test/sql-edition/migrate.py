@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""Moving between editions, and pg_dump/pg_restore of the SQL edition (run by
+test/suites/36-sql-edition).
+
+On a server that has the C library, database --dbname gets the SQL edition
+(plain script) from --owner in --schema, tenant isolation on, an extra index,
+the application role 'mover_app' with docs/privileges.md's grants, and
+records in every state for two tenants: completed, failed, a claim committed
+with a live lease, a recovery point, a stale claim, a key released without
+failure (its record gone).  Then sql-edition/migrate to-c and back to-sql,
+each while a claim of mover_app is uncommitted (the move waits for it and
+carries it).  After each move: every record equal in every column, the
+extension as expected, the grants, isolation and index kept, and the calls
+go on: replays, in_progress for the live claim whose holder still
+heartbeats, the recovery point, a takeover at the old token + 1, the gone
+key and a new key above every earlier token.  Last, pg_dump -Fc and
+pg_restore of the database into a new one: the same records, the token
+mark, isolation, grants, and a working claim.  Last line:
+MIGRATE-RESULT passed=N failed=M.
+"""
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg2
+import psycopg2.errors
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'upgrade'))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli  # noqa: E402
+import common  # noqa: E402
+from common import check, one, rows  # noqa: E402
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
+args = None
+APP = 'mover_app'
+
+
+def connect(user, db=None, tenant=None, autocommit=True):
+    options = '-c search_path=%s' % args.schema
+    if tenant:
+        options += ' -c app.tenant=%s' % tenant
+    conn = psycopg2.connect(host=args.host, port=args.port, dbname=db or args.dbname, user=user,
+                            options=options)
+    conn.autocommit = autocommit
+    return conn
+
+
+def ex(conn, sql, params=None):
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+
+
+def claim(conn, tenant, key, lease=None):
+    return one(conn, "SELECT outcome, token FROM idem_claim(%s, %s, NULL, %s::interval)", (tenant, key, lease))
+
+
+def snapshot(conn):
+    return rows(conn, "SELECT tenant_id, key, * FROM idempotency_records ORDER BY tenant_id, key")
+
+
+def psql_base(db=None):
+    return ['-h', args.host, '-p', str(args.port), '-U', 'postgres', '-d', db or args.dbname]
+
+
+def tokens_mark(su):
+    return one(su, "SELECT last_value FROM idempotency_tokens")[0]
+
+
+class State:
+    """What the records were before a move, per tenant and key."""
+
+    def __init__(self):
+        self.tokens = {}      # (tenant, key) -> token when claimed
+        self.top = 0          # the largest token handed out so far
+
+
+def write_records(st, tag):
+    """Records in every state, for tenants t1 and t2, keys suffixed by tag."""
+    for tenant in ('t1', 't2'):
+        app = connect(APP, tenant=tenant)
+        for name, lease in (('done', None), ('failed', None), ('live', '10 minutes'), ('point', '10 minutes'),
+                            ('stale', '1 ms'), ('gone', None)):
+            key = '%s-%s' % (name, tag)
+            outcome, tok = claim(app, tenant, key, lease)
+            check(outcome == 'claimed', 'before the move (%s): %s/%s claimed' % (tag, tenant, key), outcome)
+            st.tokens[(tenant, key)] = tok
+            st.top = max(st.top, tok)
+        ex(app, "SELECT idem_complete(%s, %s, %s, '{\"ok\": 1}')", (tenant, 'done-' + tag, st.tokens[(tenant, 'done-' + tag)]))
+        ex(app, "SELECT idem_release(%s, %s, %s, '{\"error\": 1}')", (tenant, 'failed-' + tag, st.tokens[(tenant, 'failed-' + tag)]))
+        ex(app, "SELECT idem_checkpoint(%s, %s, %s, 'step-1', '{\"n\": 1}')", (tenant, 'point-' + tag, st.tokens[(tenant, 'point-' + tag)]))
+        ex(app, "SELECT idem_release(%s, %s, %s)", (tenant, 'gone-' + tag, st.tokens[(tenant, 'gone-' + tag)]))
+        app.close()
+
+
+def move(direction, st, su, tag):
+    """Run sql-edition/migrate DIRECTION while mover_app holds an uncommitted
+    claim; the move must wait for it, then carry it."""
+    holder = connect(APP, tenant='t1', autocommit=False)
+    outcome, tok = claim(holder, 't1', 'held-' + tag, '10 minutes')
+    st.tokens[('t1', 'held-' + tag)] = tok
+    st.top = max(st.top, tok)
+    result = {}
+
+    def run():
+        result['p'] = subprocess.run([os.path.join(ROOT, 'sql-edition', 'migrate'), direction, '--schema', args.schema]
+                                     + psql_base(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t = threading.Thread(target=run)
+    t0 = time.time()
+    t.start()
+    time.sleep(0.6)
+    waited = t.is_alive()
+    holder.commit()
+    holder.close()
+    t.join(60)
+    p = result.get('p')
+    check(waited and p is not None and p.returncode == 0,
+          'sql-edition/migrate %s waits for the uncommitted claim, then moves (%.1f s)' % (direction, time.time() - t0),
+          (waited, p and p.stdout))
+    return p.stdout.strip() if p else ''
+
+
+def after_move(edition, st, su, before, mark_before, tag):
+    """The checks after a move into EDITION ('C' or 'SQL')."""
+    ext = [r[0] for r in rows(su, "SELECT extname FROM pg_extension WHERE extname LIKE 'idempotency%' ORDER BY 1")]
+    c_funcs = one(su, "SELECT count(*) FROM pg_proc WHERE pronamespace = %s::regnamespace"
+                      " AND prolang = (SELECT oid FROM pg_language WHERE lanname = 'c')", (args.schema,))[0]
+    owner = one(su, "SELECT string_agg(DISTINCT proowner::regrole::text, ',') FROM pg_proc"
+                    " WHERE pronamespace = %s::regnamespace", (args.schema,))[0]
+    if edition == 'C':
+        check(ext == ['idempotency'] and c_funcs > 0, 'after to-c: the C extension is installed in %s' % args.schema,
+              (ext, c_funcs))
+    else:
+        check(ext == [] and c_funcs == 0 and owner == args.owner,
+              'after to-sql: the SQL edition, no extension, no C function, every function owned by %s' % args.owner,
+              (ext, c_funcs, owner))
+    after = snapshot(su)
+    held = [r for r in after if r[1] == 'held-' + tag]
+    check([r for r in after if r[1] != 'held-' + tag] == before,
+          '%s: every record moved unchanged, in every column (%d)' % (edition, len(before)),
+          [r for r in before if r not in after][:3])
+    check(len(held) == 1 and held[0][0] == 't1' and held[0][2] == st.tokens[('t1', 'held-' + tag)],
+          '%s: the claim committed while the move waited is a record, with its token' % edition, held)
+    check(tokens_mark(su) >= mark_before and tokens_mark(su) >= st.top,
+          '%s: the token mark is at least what it was' % edition, (tokens_mark(su), mark_before, st.top))
+    check(one(su, "SELECT count(*) FROM pg_indexes WHERE schemaname = %s AND indexname = 'idempotency_records_status_idx'",
+              (args.schema,))[0] == 1, '%s: the extra index is kept' % edition)
+    check(one(su, "SELECT setting FROM idem_tenant_isolation")[0] == 'app.tenant' and
+          one(su, "SELECT relrowsecurity FROM pg_class WHERE oid = 'idempotency_records'::regclass")[0],
+          '%s: tenant isolation is on, with its setting' % edition)
+
+    # the application role, with its grants as before
+    t1 = connect(APP, tenant='t1')
+    check(one(t1, "SELECT count(DISTINCT tenant_id) || '/' || min(tenant_id) FROM idempotency_records")[0] == '1/t1',
+          "%s: mover_app sees only its tenant's records" % edition)
+    bare = connect(APP)
+    try:
+        claim(bare, 't1', 'no-tenant')
+        refused = None
+    except psycopg2.Error as e:
+        refused = e.pgcode
+    check(refused in ('55000', '42501'), '%s: without the tenant set, a claim is refused' % edition, refused)
+    bare.close()
+    for tag_ in sorted({k.rsplit('-', 1)[1] for _, k in st.tokens if '-' in k}):
+        if ('t1', 'done-' + tag_) not in st.tokens:
+            continue
+        done = one(t1, "SELECT status, token FROM idem_lookup('t1', %s)", ('done-' + tag_,))
+        check(claim(t1, 't1', 'done-' + tag_)[0] == 'replay' and done == ('completed', st.tokens[('t1', 'done-' + tag_)]),
+              '%s: done-%s replays, its token kept' % (edition, tag_), done)
+        check(claim(t1, 't1', 'failed-' + tag_)[0] == 'failed', '%s: failed-%s replays its failure' % (edition, tag_))
+    # the claims in flight of this round: the live one, the one held during the move
+    for key in ('live-' + tag, 'held-' + tag):
+        tok = st.tokens[('t1', key)]
+        check(claim(t1, 't1', key)[0] == 'in_progress' and
+              one(t1, "SELECT status, token FROM idem_lookup('t1', %s)", (key,)) == ('processing', tok),
+              '%s: %s is still in progress with its token' % (edition, key))
+        ex(t1, "SELECT idem_heartbeat('t1', %s, %s)", (key, tok))
+        ex(t1, "SELECT idem_complete('t1', %s, %s, '{\"after\": \"move\"}')", (key, tok))
+        check(claim(t1, 't1', key)[0] == 'replay', '%s: its holder heartbeats and completes %s with its token' % (edition, key))
+    point = one(t1, "SELECT recovery_point, state FROM idem_lookup('t1', %s)", ('point-' + tag,))
+    check(point == ('step-1', {'n': 1}), '%s: the recovery point of point-%s is kept' % (edition, tag), point)
+    outcome, tok = claim(t1, 't1', 'stale-' + tag)
+    old = st.tokens[('t1', 'stale-' + tag)]
+    check(outcome == 'claimed' and tok == old + 1, '%s: the stale claim is taken over at the old token + 1' % edition,
+          (outcome, tok, old))
+    outcome, tok = claim(t1, 't1', 'gone-' + tag)
+    check(outcome == 'claimed' and tok > st.top, '%s: the released key is claimed again above every earlier token' % edition,
+          (tok, st.top))
+    outcome, fresh = claim(t1, 't1', 'fresh-' + tag)
+    check(outcome == 'claimed' and fresh > tok, '%s: a new key gets a larger token still' % edition, (fresh, tok))
+    st.top = max(st.top, fresh)
+    t1.close()
+
+
+def run():
+    su = connect('postgres')
+    ex(su, "DROP ROLE IF EXISTS %s" % APP)
+    ex(su, "CREATE ROLE %s LOGIN" % APP)
+    ex(su, "CREATE SCHEMA %s AUTHORIZATION %s" % (args.schema, args.owner))
+    subprocess.run(['psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-v', 'schema=' + args.schema, '-f',
+                    os.path.join(ROOT, 'sql-edition', 'idempotency_sql--1.2.sql'),
+                    '-h', args.host, '-p', str(args.port), '-U', args.owner, '-d', args.dbname],
+                   check=True, stdout=subprocess.DEVNULL)
+    owner = connect(args.owner)
+    s = args.schema
+    ex(owner, 'GRANT USAGE ON SCHEMA %s TO %s' % (s, APP))
+    ex(owner, 'GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval),'
+              ' idem_claim_many(text, text[], text[], interval, interval),'
+              ' idem_complete(text, text, bigint, jsonb), idem_release(text, text, bigint, jsonb),'
+              ' idem_heartbeat(text, text, bigint, interval),'
+              ' idem_checkpoint(text, text, bigint, text, jsonb, interval),'
+              ' idem_child_key(text, text, text), idem_lookup(text, text) TO %s' % APP)
+    ex(owner, 'GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO %s' % APP)
+    ex(owner, "SELECT idem_set_tenant_isolation(true)")
+    ex(owner, "SELECT idem_create_index(ARRAY['status'])")
+    owner.close()
+
+    st = State()
+    write_records(st, 'a')
+    before, mark = snapshot(su), tokens_mark(su)
+    out = move('to-c', st, su, 'a')
+    check(out.startswith('migrate: %d records moved into the C edition' % (len(before) + 1)), 'to-c says what it moved', out)
+    after_move('C', st, su, before, mark, 'a')
+
+    write_records(st, 'b')   # written by the C edition
+    before, mark = snapshot(su), tokens_mark(su)
+    out = move('to-sql', st, su, 'b')
+    check(out.startswith('migrate: %d records moved into the SQL edition' % (len(before) + 1)), 'to-sql says what it moved', out)
+    after_move('SQL', st, su, before, mark, 'b')
+
+    # a failed move changes nothing: to-sql again (no C extension there)
+    before = snapshot(su)
+    p = subprocess.run([os.path.join(ROOT, 'sql-edition', 'migrate'), 'to-sql', '--schema', s] + psql_base(),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    check(p.returncode != 0 and 'not installed' in p.stdout and snapshot(su) == before,
+          'migrate to-sql on the SQL edition refuses and changes nothing', p.stdout)
+
+    # pg_dump -Fc / pg_restore of the database using the SQL edition
+    dump = os.path.join(args.workdir, 'sql-edition.dump')
+    restored = args.dbname + '_restored'
+    subprocess.run(['pg_dump', '-Fc', '-f', dump] + psql_base(), check=True)
+    ex(su, 'CREATE DATABASE %s' % restored)
+    p = subprocess.run(['pg_restore', '--exit-on-error', '-d', restored] + psql_base()[:-2] + [dump], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    check(p.returncode == 0, 'pg_restore of a pg_dump -Fc of the SQL edition database', p.stdout[-2000:])
+    r = connect('postgres', db=restored)
+    check(snapshot(r) == before, 'restored: every record, in every column (%d)' % len(before))
+    check(tokens_mark(r) == tokens_mark(su), 'restored: the token mark', (tokens_mark(r), tokens_mark(su)))
+    check(one(r, "SELECT setting FROM idem_tenant_isolation")[0] == 'app.tenant' and
+          one(r, "SELECT relrowsecurity FROM pg_class WHERE oid = 'idempotency_records'::regclass")[0] and
+          one(r, "SELECT count(*) FROM pg_policies WHERE tablename = 'idempotency_records'")[0] == 1,
+          'restored: tenant isolation on, its policy')
+    check(one(r, "SELECT count(*) FROM pg_indexes WHERE indexname = 'idempotency_records_status_idx'")[0] == 1,
+          'restored: the extra index')
+    a = connect(APP, db=restored, tenant='t2')
+    check(one(a, "SELECT count(DISTINCT tenant_id) || '/' || min(tenant_id) FROM idempotency_records")[0] == '1/t2',
+          "restored: mover_app sees only its tenant's records")
+    outcome, tok = claim(a, 't2', 'after-restore')
+    check(outcome == 'claimed' and tok > st.top, 'restored: a claim by mover_app gets a token above every earlier one',
+          (outcome, tok, st.top))
+    outcome, tok = claim(a, 't2', 'stale-b')
+    check(outcome == 'claimed' and tok == st.tokens[('t2', 'stale-b')] + 1,
+          'restored: a stale claim is taken over at the old token + 1', (outcome, tok))
+    a.close()
+    r.close()
+    common.result_line('MIGRATE-RESULT')
+
+
+def main():
+    global args
+    p = cli.parser(__doc__.splitlines()[0])
+    p.add_argument('--workdir', required=True)
+    args = p.parse_args()
+    cli.finish(run, 'MIGRATE-RESULT')
+
+
+if __name__ == '__main__':
+    main()
