@@ -163,7 +163,6 @@ typedef struct ClaimState
 	IdemClaimResult *res;
 	TimestampTz now;
 	TimestampTz deadline;
-	bool		defer;			/* a fresh claim will be held (held.c) */
 	bool		have_lock;		/* the key lock is ours */
 	bool		fresh;			/* read with a fresh snapshot */
 	int			sleep_ms;		/* next poll while a lease runs */
@@ -195,10 +194,8 @@ answer_claimed(IdemClaimResult *res, int64 token, TimestampTz lease_end)
 /*
  * Start a claim.  Returns true when it is answered already: this
  * transaction holds an unwritten claim of the key, which answers as its
- * processing row would.  A claim that may be held takes the key lock at
- * once, without waiting (a written claim takes it after its first read;
- * a lock is no read, so the order changes nothing the claim sees).  Both
- * read first with the statement's snapshot, as the SQL would.
+ * processing row would.  Otherwise the claim reads first with the
+ * statement's snapshot, as the SQL would, whether it will be held or not.
  */
 static bool
 claim_begin(ClaimState *st, const IdemKey *k, const IdemClaimArgs *args,
@@ -228,11 +225,6 @@ claim_begin(ClaimState *st, const IdemKey *k, const IdemClaimArgs *args,
 		}
 		return true;
 	}
-
-	st->defer = args->may_defer && idem_direct_probe_available() &&
-		idem_held_allowed(idem_store_table());
-	if (st->defer)
-		st->have_lock = idem_keylock_acquire(k, 0) == IDEM_KEYLOCK_ACQUIRED;
 	return false;
 }
 
@@ -297,16 +289,19 @@ claim_lock(ClaimState *st)
  * were held.  A wait lets the key lock go first, so that the batch's own
  * settling of the key never waits on this claim.
  *
- * A claim that will be held writes nothing that could meet a record the
- * statement's snapshot does not show (one committed since), so it asks the
- * key index what the INSERT's unique check would find: a row there is the
- * conflict the INSERT would have met, and the claim reads again.
+ * Whether the claim is held is decided here, when the key is known to be
+ * free: a replay never pays for the checks.  A claim that will be held
+ * writes nothing that could meet a record the statement's snapshot does
+ * not show (one committed since), so it asks the key index what the
+ * INSERT's unique check would find: a row there is the conflict the INSERT
+ * would have met, and the claim reads again.
  */
 static ClaimNext
 claim_write_fresh(ClaimState *st)
 {
 	TransactionId inserter;
 	bool		taken = idem_direct_key_taken(st->k, &inserter);
+	bool		defer;
 	int64		token;
 	TimestampTz lease_end;
 
@@ -320,11 +315,13 @@ claim_write_fresh(ClaimState *st)
 		st->res->outcome = IDEM_OUTCOME_IN_PROGRESS;
 		return CLAIM_DONE;
 	}
-	if (taken && st->defer)
+	defer = st->args->may_defer && idem_direct_probe_available() &&
+		idem_held_allowed(idem_store_table());
+	if (taken && defer)
 		return CLAIM_CONFLICT;
 	token = idem_fresh_token(idem_store_token_sequence(), st->now);
 	lease_end = idem_add_duration(st->now, st->args->lease_us, "lease");
-	if (!(st->defer &&
+	if (!(defer &&
 		  idem_held_add(st->k, st->args->fingerprint, token, st->now, lease_end,
 						st->args->ttl_us)) &&
 		!idem_store_insert(st->k, st->args->fingerprint, token, st->now,

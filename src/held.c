@@ -238,8 +238,13 @@ idem_held_find(const IdemKey *k, AclMode mode)
 
 /*
  * The locks and the transaction ID the INSERT of a processing row would
- * take: the table's and its indexes' RowExclusiveLock, as the executor
- * takes them.  (Its command ID is act_as_statement's.)
+ * take, as the executor takes them: the table's RowExclusiveLock until the
+ * transaction ends, and each index's for the statement only (its
+ * ExecCloseIndices gives them back), so the claim waits for whatever holds
+ * an index as the INSERT would, and keeps nothing of it.  (Its command ID
+ * is act_as_statement's.  Planning an INSERT keeps locks on the indexes
+ * too, but whether a statement is planned follows the plan cache, not the
+ * claim: docs/held-claims.md lists it.)
  */
 static void
 lock_as_insert(Oid table)
@@ -253,7 +258,10 @@ lock_as_insert(Oid table)
 	indexes = RelationGetIndexList(rel);
 	relation_close(rel, NoLock);
 	foreach(lc, indexes)
+	{
 		LockRelationOid(lfirst_oid(lc), RowExclusiveLock);
+		UnlockRelationOid(lfirst_oid(lc), RowExclusiveLock);
+	}
 	list_free(indexes);
 
 	(void) GetCurrentTransactionId();

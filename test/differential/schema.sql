@@ -514,10 +514,10 @@ SELECT l.locktype,
   LEFT JOIN pg_namespace ns ON ns.oid = c.relnamespace
  WHERE l.pid = pg_backend_pid() AND l.locktype NOT IN ('virtualxid', 'transactionid')
    AND ns.nspname IS DISTINCT FROM 'pg_catalog'
-   -- planning a statement locks every index of a table it reads; a cached
-   -- plan, or the direct read, only the index it uses: physical, and listed
-   -- in docs/held-claims.md
-   AND NOT (l.mode = 'AccessShareLock' AND c.relkind = 'i' AND EXISTS
+   -- planning a statement keeps locks on the indexes of the tables it
+   -- reads or writes; running a cached plan, or the direct read, keeps one
+   -- only on an index it reads: physical, and listed in docs/held-claims.md
+   AND NOT (c.relkind = 'i' AND EXISTS
             (SELECT FROM pg_index i WHERE i.indexrelid = c.oid
                 AND i.indrelid = 'idempotency_records'::regclass))
  GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
