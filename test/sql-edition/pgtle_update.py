@@ -8,10 +8,14 @@ update path 1.2 -> --to (the file --update, made by sql-edition/build
 --update-to) is registered by --admin, ALTER EXTENSION idempotency_sql
 UPDATE is run by --owner, and the records, their tokens and the claims in
 flight must come through unchanged and go on working; then DROP EXTENSION
-and pgtle.uninstall_extension leave nothing behind.  The last line is
+leaves nothing behind, CREATE EXTENSION installs the new default version,
+sql-edition/migrate to-c moves it to the C extension (on the server's
+installed C library, not preloaded), and pgtle.uninstall_extension
+unregisters it.  The last line is
 PGTLE-RESULT passed=N failed=M.
 """
 import os
+import subprocess
 import sys
 
 import psycopg2
@@ -22,6 +26,7 @@ import cli  # noqa: E402
 import common  # noqa: E402
 from common import check, one, rows  # noqa: E402
 
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 args = None
 
 
@@ -113,6 +118,29 @@ def run():
                    " + (SELECT count(*) FROM pg_type WHERE typnamespace = %s::regnamespace)",
                (args.schema, args.schema, args.schema))[0]
     check(left == 0, 'DROP EXTENSION idempotency_sql removes every object of the schema', left)
+
+    # created again (1.2, then the update path to the default 1.2.1), and
+    # moved to the C extension with sql-edition/migrate to-c
+    ex(owner, "CREATE EXTENSION idempotency_sql SCHEMA %s" % args.schema)
+    check(one(owner, "SELECT extversion FROM pg_extension WHERE extname = 'idempotency_sql'")[0] == args.to,
+          'CREATE EXTENSION idempotency_sql installs the default %s (1.2 and the update path)' % args.to)
+    _, t_done = claim(owner, 'done')
+    ex(owner, "SELECT idem_complete('t', 'done', %s, '{\"ok\": 1}')", (t_done,))
+    _, t_live = claim(owner, 'live', '10 minutes')
+    before = snapshot(owner)
+    p = subprocess.run([os.path.join(ROOT, 'sql-edition', 'migrate'), 'to-c', '--schema', args.schema,
+                        '-h', args.host, '-p', str(args.port), '-U', 'postgres', '-d', args.dbname],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ext = [r[0] for r in rows(su, "SELECT extname FROM pg_extension WHERE extname LIKE 'idempotency%'")]
+    check(p.returncode == 0 and ext == ['idempotency'] and snapshot(su) == before,
+          'sql-edition/migrate to-c moves the pg_tle edition to the C extension with its %d records' % len(before),
+          (p.stdout, ext))
+    check(claim(su, 'done')[0] == 'replay' and claim(su, 'live')[0] == 'in_progress',
+          'after the move: the replay, and the claim in flight still in progress')
+    ex(su, "SELECT idem_complete('t', 'live', %s)", (t_live,))
+    check(one(su, "SELECT status, token FROM idem_lookup('t', 'live')") == ('completed', t_live),
+          'its holder completes it with its token')
+    ex(su, "DROP EXTENSION idempotency")
     ex(admin, "SELECT pgtle.uninstall_extension('idempotency_sql')")
     check(one(su, "SELECT count(*) FROM pgtle.available_extensions() WHERE name = 'idempotency_sql'")[0] == 0,
           'pgtle.uninstall_extension by %s unregisters it' % args.admin)
