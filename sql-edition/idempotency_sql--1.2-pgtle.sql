@@ -84,25 +84,48 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.idempotency_tokens', '')
 REVOKE ALL ON SEQUENCE @extschema@.idempotency_tokens FROM PUBLIC;
 
 -- ===========================================================================
--- Tenant isolation and extra indexes: the C edition's 1.1/1.2 objects, as
--- they are there (they were SQL and PL/pgSQL already).
+-- Tenant isolation and extra indexes: the C edition's objects as they are
+-- there (they were SQL and PL/pgSQL already), taken by sql-edition/build from
+-- Section 1 of idempotency--1.0--1.1.sql, its pg_extension_config_dump lines
+-- made @tle-only.  The C edition's 1.2 re-creates idem_apply_tenant_isolation
+-- to handle a table distributed by Citus, which the SQL edition does not do.
 -- ===========================================================================
+-- pg_dump does not dump what a user adds to an extension's table: ENABLE
+-- ROW LEVEL SECURITY, policies and indexes on idempotency_records vanish in
+-- a dump and restore, and with them tenant isolation.  So the extension
+-- keeps these choices itself, in two small tables marked with
+-- pg_extension_config_dump (their rows are dumped and restored), and a
+-- trigger on each applies a row to idempotency_records whenever it is
+-- written -- by idem_set_tenant_isolation / idem_create_index, or by the
+-- COPY of a restore, which runs after CREATE EXTENSION re-created the table.
+-- One code path applies the choice both times.
+
+-- At most one row: present = tenant isolation on, reading tenant_id from the
+-- named setting.
 CREATE TABLE @extschema@.idem_tenant_isolation (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     setting   text    NOT NULL
 );
 COMMENT ON TABLE @extschema@.idem_tenant_isolation IS
     'tenant isolation of idempotency_records (one row = on); write it with idem_set_tenant_isolation()';
+
+-- Operator indexes on idempotency_records that pg_dump must keep.
 CREATE TABLE @extschema@.idem_extra_indexes (
     index_name text   PRIMARY KEY,
     columns    text[] NOT NULL
 );
 COMMENT ON TABLE @extschema@.idem_extra_indexes IS
     'extra btree indexes on idempotency_records, re-created on restore; write it with idem_create_index()/idem_drop_index()';
+
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_tenant_isolation', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_extra_indexes', '');
 REVOKE ALL ON TABLE @extschema@.idem_tenant_isolation, @extschema@.idem_extra_indexes FROM PUBLIC;
 
+-- Applies idem_tenant_isolation to idempotency_records (same schema: the
+-- trigger's).  The policy reads the setting with missing_ok, so a session
+-- that set no tenant sees and writes nothing.  Turning isolation off drops
+-- the policy, and disables row-level security only when no other policy
+-- is left on the table (a user's own policies keep it on).
 CREATE FUNCTION @extschema@.idem_apply_tenant_isolation()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -112,6 +135,7 @@ DECLARE
     tbl text := pg_catalog.format('%I.idempotency_records', TG_TABLE_SCHEMA);
 BEGIN
     IF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
+        -- would forget the choice while leaving it applied
         RAISE EXCEPTION 'idem_tenant_isolation cannot be truncated'
             USING ERRCODE = '0A000', HINT = 'Use idem_set_tenant_isolation(false).';
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
@@ -126,6 +150,7 @@ BEGIN
         END IF;
         RETURN OLD;
     END IF;
+    -- a custom setting: two or more dot-separated identifiers
     IF NEW.setting IS NULL OR NOT NEW.setting OPERATOR(pg_catalog.~)
             '^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)+$' THEN
         RAISE EXCEPTION 'invalid setting name for tenant isolation: "%"', NEW.setting
@@ -146,6 +171,10 @@ BEGIN
 END
 $fn$;
 
+-- Applies idem_extra_indexes: creates the btree index a new row names (or
+-- adopts an index of that name already on idempotency_records with exactly
+-- those columns, so a large table's index can be built first with CREATE
+-- INDEX CONCURRENTLY), drops it when the row is deleted.
 CREATE FUNCTION @extschema@.idem_apply_extra_index()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -159,6 +188,7 @@ DECLARE
     def      text;
 BEGIN
     IF TG_OP OPERATOR(pg_catalog.=) 'TRUNCATE' THEN
+        -- would forget the indexes while leaving them in place
         RAISE EXCEPTION 'idem_extra_indexes cannot be truncated'
             USING ERRCODE = '0A000', HINT = 'Use idem_drop_index() for each index.';
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'DELETE' THEN
@@ -190,6 +220,7 @@ BEGIN
     END IF;
     SELECT pg_catalog.string_agg(pg_catalog.quote_ident(c.name), ', ' ORDER BY c.ord) INTO cols
     FROM pg_catalog.unnest(NEW.columns) WITH ORDINALITY AS c(name, ord);
+    -- exactly what a restore will build again, in pg_get_indexdef's words
     def := pg_catalog.format('CREATE INDEX %I ON %I.idempotency_records USING btree (%s)',
                              NEW.index_name, TG_TABLE_SCHEMA, cols);
     SELECT c.oid INTO existing FROM pg_catalog.pg_class c
@@ -222,6 +253,10 @@ CREATE TRIGGER idem_no_truncate
     BEFORE TRUNCATE ON @extschema@.idem_extra_indexes
     FOR EACH STATEMENT EXECUTE FUNCTION @extschema@.idem_apply_extra_index();
 
+-- The API.  SQL-standard bodies are parsed here, with the names bound now,
+-- so no search_path can redirect them later.  They run with the caller's
+-- rights: only the table's owner (or a role granted the config tables and
+-- ownership) can switch isolation or add indexes.
 CREATE FUNCTION @extschema@.idem_set_tenant_isolation(
     enabled boolean,
     setting text DEFAULT 'app.tenant')
