@@ -331,9 +331,10 @@ idem_direct_key_taken(const IdemKey *k, TransactionId *inserter)
 	table_close(heap, NoLock);
 
 	/*
-	 * The row may come from a subtransaction (idem_claim_many inserts in
-	 * one), whose own lock ends when it commits: name the transaction that
-	 * is still running, the one to wait for.
+	 * The row may come from a subtransaction (a claim written after a
+	 * SAVEPOINT or in a PL/pgSQL EXCEPTION block), whose own lock ends when
+	 * it commits: name the transaction that is still running, the one to
+	 * wait for.
 	 */
 	if (TransactionIdIsValid(*inserter))
 		*inserter = SubTransGetTopmostTransaction(*inserter);

@@ -1114,7 +1114,7 @@ idem_store_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot)
  * tokens bigint[], fingerprints text[] of the same length).  inserted(i) is
  * called with each key that went in; the others exist already.  Without
  * speculative insertion an existing key raises a unique violation instead
- * (the caller runs it in a subtransaction).
+ * (claim_many.c makes it the lost-claim error, ID002).
  */
 void
 idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,

@@ -3,10 +3,9 @@
  *		Run one step in a subtransaction, and treat the errors the caller
  *		expects from it as "it did not happen".
  *
- * Two places need this: a claim's bounded wait for a key lock (keylock.c:
- * lock_timeout or a deadlock ends the wait) and a batch's first, plain
- * INSERT (claim_many.c: a key that has a record after all).  Any other
- * error is raised again, unchanged.
+ * A claim's bounded wait for a key lock needs this (keylock.c:
+ * lock_timeout or a deadlock ends the wait).  Any other error is raised
+ * again, unchanged.
  */
 #include "postgres.h"
 
