@@ -79,7 +79,7 @@ def tenant_view(srv, db):
         if t:
             other = 'b' if t != 'b' else 'a'
             seen[(t, 'claim other')] = sqlstate(c, "SELECT public.idem_claim(%s, 'new-key')", (other,))
-            seen[(t, 'lookup other')] = len(rows(c, "SELECT * FROM public.idem_lookup(%s, 'k-000')", (other,)))
+            seen[(t, 'lookup other')] = sqlstate(c, "SELECT * FROM public.idem_lookup(%s, 'k-000')", (other,))
         c.close()
     return seen
 
@@ -91,12 +91,12 @@ def isolation_holds(view, where):
             bad.append('tenant %s sees %r (%d rows)' % (t, view[t], view[(t, 'count')]))
         if view[(t, 'claim other')] != '42501':
             bad.append('tenant %s claiming another tenant\'s key: %r' % (t, view[(t, 'claim other')]))
-        if view[(t, 'lookup other')] != 0:
-            bad.append('tenant %s looks up another tenant\'s record' % t)
+        if view[(t, 'lookup other')] != '42501':
+            bad.append('tenant %s looking up another tenant\'s record: %r' % (t, view[(t, 'lookup other')]))
     if view[None] != [] or view[(None, 'count')] != 0:
         bad.append('a session with no tenant set sees %r' % view[None])
-    check(not bad, '%s: each tenant role sees only its 40 rows, cannot claim or look up another tenant\'s '
-          'key, a session with no tenant sees nothing' % where, bad)
+    check(not bad, '%s: each tenant role sees only its 40 rows, is refused a claim or a look-up of another '
+          'tenant\'s key (42501), a session with no tenant sees nothing' % where, bad)
 
 
 def replays(srv, db):
