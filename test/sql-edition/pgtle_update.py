@@ -8,7 +8,9 @@ update path 1.2 -> --to (the file --update, made by sql-edition/build
 --update-to) is registered by --admin, ALTER EXTENSION idempotency_sql
 UPDATE is run by --owner, and the records, their tokens and the claims in
 flight must come through unchanged and go on working; then DROP EXTENSION
-leaves nothing behind, CREATE EXTENSION installs the new default version,
+leaves nothing behind (after pg_dump -Fc / pg_restore of the database into
+a new one: the same version, records, token mark and isolation), CREATE
+EXTENSION installs the new default version,
 sql-edition/migrate to-c moves it to the C extension (on the server's
 installed C library, not preloaded), and pgtle.uninstall_extension
 unregisters it.  The last line is
@@ -111,6 +113,39 @@ def run():
     check(outcome == 'claimed' and t_fresh > top, 'a new key gets a token above every earlier one',
           (t_fresh, top))
 
+    # pg_dump -Fc / pg_restore into a new database by a superuser (pg_tle's
+    # registration functions are in the dump): the same version, records,
+    # token mark, isolation
+    ex(owner, "SELECT idem_set_tenant_isolation(true)")
+    before = snapshot(owner)
+    mark = one(su, "SELECT last_value FROM idempotency_tokens")[0]
+    dump = os.path.join(args.workdir, 'pgtle.dump')
+    restored = args.dbname + '_restored'
+    conn_args = ['-h', args.host, '-p', str(args.port), '-U', 'postgres']
+    subprocess.run(['pg_dump', '-Fc', '-f', dump, '-d', args.dbname] + conn_args, check=True)
+    ex(su, 'CREATE DATABASE %s' % restored)
+    # without pg_cron, whose extension may be created only in cron.database_name
+    listing = subprocess.run(['pg_restore', '-l', dump], stdout=subprocess.PIPE, text=True, check=True).stdout
+    with open(dump + '.list', 'w') as f:
+        f.write(''.join(line + '\n' for line in listing.splitlines()
+                        if 'pg_cron' not in line and ' cron ' not in line))
+    p = subprocess.run(['pg_restore', '--exit-on-error', '-L', dump + '.list', '-d', restored] + conn_args + [dump],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    check(p.returncode == 0, 'pg_restore of a pg_dump -Fc of the pg_tle edition database', p.stdout[-2000:])
+    r = psycopg2.connect(host=args.host, port=args.port, dbname=restored, user='postgres',
+                         options='-c search_path=%s' % args.schema)
+    r.autocommit = True
+    check(one(r, "SELECT extversion FROM pg_extension WHERE extname = 'idempotency_sql'") == (args.to,) and
+          snapshot(r) == before and one(r, "SELECT last_value FROM idempotency_tokens")[0] == mark,
+          'restored: idempotency_sql %s, every record (%d), the token mark' % (args.to, len(before)))
+    check(one(r, "SELECT setting FROM idem_tenant_isolation") == ('app.tenant',) and
+          one(r, "SELECT count(*) FROM pg_policies WHERE tablename = 'idempotency_records'")[0] == 1,
+          'restored: tenant isolation on, its policy')
+    outcome, tok = claim(r, 'after-restore')
+    check(claim(r, 'done')[0] == 'replay' and outcome == 'claimed' and tok > mark,
+          'restored: the replay, and a new key above the token mark', (outcome, tok, mark))
+    r.close()
+
     # DROP EXTENSION, then unregister it: nothing is left
     ex(owner, "DROP EXTENSION idempotency_sql")
     left = one(su, "SELECT (SELECT count(*) FROM pg_class WHERE relnamespace = %s::regnamespace)"
@@ -154,6 +189,7 @@ def main():
     p.add_argument('--admin', required=True)
     p.add_argument('--update', required=True)
     p.add_argument('--to', required=True)
+    p.add_argument('--workdir', required=True)
     args = p.parse_args()
     cli.finish(run, 'PGTLE-RESULT')
 
