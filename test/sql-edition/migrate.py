@@ -14,8 +14,9 @@ extension as expected, the grants, isolation and index kept, and the calls
 go on: replays, in_progress for the live claim whose holder still
 heartbeats, the recovery point, a takeover at the old token + 1, the gone
 key and a new key above every earlier token.  Last, pg_dump -Fc and
-pg_restore of the database into a new one: the same records, the token
-mark, isolation, grants, and a working claim.  Last line:
+pg_restore of the database into a new one, by a superuser and by the
+schema's owner with --no-owner (no superuser): the same records, the token
+mark, isolation, grants, and working claims.  Last line:
 MIGRATE-RESULT passed=N failed=M.
 """
 import os
@@ -237,34 +238,42 @@ def run():
     check(p.returncode != 0 and 'not installed' in p.stdout and snapshot(su) == before,
           'migrate to-sql on the SQL edition refuses and changes nothing', p.stdout)
 
-    # pg_dump -Fc / pg_restore of the database using the SQL edition
+    # pg_dump -Fc / pg_restore of the database using the SQL edition: by a
+    # superuser, and by the schema's owner (no superuser, --no-owner) into a
+    # database it owns, as on a managed service
     dump = os.path.join(args.workdir, 'sql-edition.dump')
-    restored = args.dbname + '_restored'
     subprocess.run(['pg_dump', '-Fc', '-f', dump] + psql_base(), check=True)
-    ex(su, 'CREATE DATABASE %s' % restored)
-    p = subprocess.run(['pg_restore', '--exit-on-error', '-d', restored] + psql_base()[:-2] + [dump], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True)
-    check(p.returncode == 0, 'pg_restore of a pg_dump -Fc of the SQL edition database', p.stdout[-2000:])
-    r = connect('postgres', db=restored)
-    check(snapshot(r) == before, 'restored: every record, in every column (%d)' % len(before))
-    check(tokens_mark(r) == tokens_mark(su), 'restored: the token mark', (tokens_mark(r), tokens_mark(su)))
-    check(one(r, "SELECT setting FROM idem_tenant_isolation")[0] == 'app.tenant' and
-          one(r, "SELECT relrowsecurity FROM pg_class WHERE oid = 'idempotency_records'::regclass")[0] and
-          one(r, "SELECT count(*) FROM pg_policies WHERE tablename = 'idempotency_records'")[0] == 1,
-          'restored: tenant isolation on, its policy')
-    check(one(r, "SELECT count(*) FROM pg_indexes WHERE indexname = 'idempotency_records_status_idx'")[0] == 1,
-          'restored: the extra index')
-    a = connect(APP, db=restored, tenant='t2')
-    check(one(a, "SELECT count(DISTINCT tenant_id) || '/' || min(tenant_id) FROM idempotency_records")[0] == '1/t2',
-          "restored: mover_app sees only its tenant's records")
-    outcome, tok = claim(a, 't2', 'after-restore')
-    check(outcome == 'claimed' and tok > st.top, 'restored: a claim by mover_app gets a token above every earlier one',
-          (outcome, tok, st.top))
-    outcome, tok = claim(a, 't2', 'stale-b')
-    check(outcome == 'claimed' and tok == st.tokens[('t2', 'stale-b')] + 1,
-          'restored: a stale claim is taken over at the old token + 1', (outcome, tok))
-    a.close()
-    r.close()
+    for who, flags in (('postgres', []), (args.owner, ['--no-owner'])):
+        restored = '%s_restored_by_%s' % (args.dbname, who)
+        ex(su, 'CREATE DATABASE %s OWNER %s' % (restored, who))
+        p = subprocess.run(['pg_restore', '--exit-on-error', '-d', restored, '-h', args.host, '-p', str(args.port),
+                            '-U', who] + flags + [dump], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        label = 'restored by %s' % who
+        check(p.returncode == 0, 'pg_restore %sof a pg_dump -Fc of the SQL edition database, as %s'
+              % (' '.join(flags) + ' ' if flags else '', who), p.stdout[-2000:])
+        r = connect('postgres', db=restored)
+        check(snapshot(r) == before, '%s: every record, in every column (%d)' % (label, len(before)))
+        check(tokens_mark(r) == tokens_mark(su), '%s: the token mark' % label, (tokens_mark(r), tokens_mark(su)))
+        check(one(r, "SELECT setting FROM idem_tenant_isolation")[0] == 'app.tenant' and
+              one(r, "SELECT relrowsecurity FROM pg_class WHERE oid = 'idempotency_records'::regclass")[0] and
+              one(r, "SELECT count(*) FROM pg_policies WHERE tablename = 'idempotency_records'")[0] == 1,
+              '%s: tenant isolation on, its policy' % label)
+        check(one(r, "SELECT count(*) FROM pg_indexes WHERE indexname = 'idempotency_records_status_idx'")[0] == 1,
+              '%s: the extra index' % label)
+        check(one(r, "SELECT string_agg(DISTINCT proowner::regrole::text, ',') FROM pg_proc"
+                     " WHERE pronamespace = %s::regnamespace", (s,))[0] == args.owner,
+              '%s: every function owned by %s' % (label, args.owner))
+        a = connect(APP, db=restored, tenant='t2')
+        check(one(a, "SELECT count(DISTINCT tenant_id) || '/' || min(tenant_id) FROM idempotency_records")[0] == '1/t2',
+              "%s: mover_app sees only its tenant's records" % label)
+        outcome, tok = claim(a, 't2', 'after-restore')
+        check(outcome == 'claimed' and tok > st.top, '%s: a claim by mover_app gets a token above every earlier one'
+              % label, (outcome, tok, st.top))
+        outcome, tok = claim(a, 't2', 'stale-b')
+        check(outcome == 'claimed' and tok == st.tokens[('t2', 'stale-b')] + 1,
+              '%s: a stale claim is taken over at the old token + 1' % label, (outcome, tok))
+        a.close()
+        r.close()
     common.result_line('MIGRATE-RESULT')
 
 
