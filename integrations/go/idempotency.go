@@ -9,11 +9,17 @@
 //	               failure for a 4xx) and COMMITted, then sent
 //	  replay       the stored status and body, Idempotent-Replayed: true
 //	  failed       the stored failure,          Idempotent-Replayed: true
-//	  in_progress  409 + Retry-After: 1
+//	  in_progress  409 + Retry-After: the seconds left of the original's
+//	               lease (with Wait, after waiting that long for its answer)
 //	  mismatch     422 (the key was used for another request)
 //
-// A handler that panics or answers 5xx is rolled back: its writes and the
-// claim go together, nothing is stored, and a retry runs again.
+// A handler that panics or answers a status StoreStatus refuses (by default
+// a 5xx, 408, 409, 425 or 429) is rolled back: its writes and the claim go
+// together, nothing is stored, and a retry runs again.
+//
+// Run does the same for a queue consumer or a job: fn runs at most once per
+// (tenant, key) in the claim's transaction, its result stored and returned
+// on every duplicate.
 //
 // Byte-identical replays: the body sent is the stored jsonb as PostgreSQL
 // prints it, read back by the statement that stores it, for the first
@@ -44,21 +50,88 @@ import (
 // MaxIdentifierBytes is the extension's limit on a tenant id and a key.
 const MaxIdentifierBytes = 255
 
+// Version is this package's version; it works with the idempotency extension 1.2 and later.
+const Version = "0.2.0"
+
+// The same in the Python, Node.js and Go packages (docs/integrations.md, "One
+// behaviour in three packages"): the titles of the problem documents...
+const (
+	TitleKeyRequired   = "An Idempotency-Key header is required"
+	TitleKeyInvalid    = "The Idempotency-Key header is invalid"
+	TitleTenantInvalid = "The tenant is invalid"
+	TitleInProgress    = "A request with this Idempotency-Key is still being processed"
+	TitleMismatch      = "This Idempotency-Key was used for a different request"
+	TitleInternal      = "Internal error"
+)
+
+// DefaultReplayedHeaders are the headers a stored answer keeps and replays
+// when Config.ReplayedHeaders is nil (an allow-list).
+var DefaultReplayedHeaders = []string{"Location", "Content-Location", "Link"}
+
+// retryAfter is the seconds of a 409's Retry-After: those left of the
+// holder's lease (or, when the holder has not committed its claim yet, a
+// whole lease: this call's, or the server's idempotency.lease), at least 1.
+// $4 is the call's lease.
+const retryAfter = `greatest(1, ceil(extract(epoch FROM coalesce(expires_at - clock_timestamp(), $4::interval,
+	current_setting('idempotency.lease', true)::interval, interval '5 minutes'))))::int`
+
+// DefaultStoreStatus says which answers are stored and replayed when
+// Config.StoreStatus is nil: 2xx, 3xx and the deterministic 4xx (not 408,
+// 409, 425, 429); never a 5xx.
+func DefaultStoreStatus(status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return status >= 200 && status < 500
+}
+
+// Intervals are idem_claim's intervals for one call ("30 seconds", "1 day");
+// empty means the Config's, and there the server's settings.
+type Intervals struct {
+	Lease, TTL, Wait string
+}
+
 // Config configures Middleware.
 type Config struct {
 	// DB is the database with the extension (required).
 	DB *sql.DB
 	// Tenant says whose key this is: return the authenticated principal's
-	// id.  Default: the X-Client-Id header (a stand-in for authentication).
+	// id.  Default: the header TenantHeader names.
 	Tenant func(r *http.Request) (string, error)
+	// TenantHeader is the header the tenant is read from when Tenant is nil
+	// (default X-Client-Id, a stand-in for authentication).
+	TenantHeader string
 	// Lease and TTL are intervals for idem_claim ("30 seconds", "1 day");
-	// empty means the server's settings.
+	// empty means the server's settings.  A 409's Retry-After is the lease left.
 	Lease, TTL string
+	// Wait is how long a duplicate waits for the original's answer, which it
+	// replays if it comes within the wait; else 409.  Empty: 409 at once.
+	Wait string
+	// PerRequest, when set, gives one request's intervals; those it leaves
+	// empty are the Config's.
+	PerRequest func(r *http.Request) Intervals
 	// OptionalKey lets a request without an Idempotency-Key header through
 	// untouched: no claim, no transaction, FromContext reports false.  A
 	// header that is present but invalid is still refused (400).  Default
-	// false: a missing key is a 400.
+	// false: a missing key is a 400 (raise_on_missing_key in the Python
+	// package, raiseOnMissingKey in Node.js: Go's zero value is the default).
 	OptionalKey bool
+	// StoreStatus says which answers are stored and replayed (nil:
+	// DefaultStoreStatus).  An answer not stored is sent once and rolled
+	// back with the handler's writes and the claim.
+	StoreStatus func(status int) bool
+	// ReplayedHeaders are the handler's headers stored and replayed, an
+	// allow-list (nil: DefaultReplayedHeaders).  Content-Type is always kept.
+	ReplayedHeaders []string
+	// ResponseHook, when set, is called before every stored answer (the
+	// first) and every replay is sent, with its headers and whether it is a
+	// replay; not for a 400, 409, 422 or an answer not stored.
+	ResponseHook func(header http.Header, replayed bool)
+	// BeforeClaim, when set, runs in the claim's transaction before the claim,
+	// after TenantSetting (e.g. SET LOCAL ROLE, or settings of your own per
+	// tenant).  An error answers 500 and stores nothing.
+	BeforeClaim func(ctx context.Context, tx *sql.Tx, tenant string) error
 	// MaxBodyBytes bounds the request body read for the fingerprint
 	// (default 1 MiB); a larger body is refused with 413 before any claim.
 	MaxBodyBytes int64
@@ -93,10 +166,6 @@ func FromContext(ctx context.Context) (*Claim, bool) {
 	return c, ok
 }
 
-// Headers the stored document leaves out: they are set when it is sent.
-var notStoredHeaders = map[string]bool{"Content-Length": true, "Content-Type": true, "Etag": true,
-	"Date": true, "Connection": true, "Keep-Alive": true, "Transfer-Encoding": true}
-
 // bodyText is the body to send, as PostgreSQL prints the stored jsonb (the
 // whole document if it is not one of ours).
 func bodyText(expr string) string {
@@ -120,7 +189,17 @@ func Middleware(cfg Config) func(http.Handler) http.Handler {
 			" (two or more dot-separated identifiers), not %q.", cfg.TenantSetting))
 	}
 	if cfg.Tenant == nil {
-		cfg.Tenant = func(r *http.Request) (string, error) { return r.Header.Get("X-Client-Id"), nil }
+		header := cfg.TenantHeader
+		if header == "" {
+			header = "X-Client-Id"
+		}
+		cfg.Tenant = func(r *http.Request) (string, error) { return r.Header.Get(header), nil }
+	}
+	if cfg.StoreStatus == nil {
+		cfg.StoreStatus = DefaultStoreStatus
+	}
+	if cfg.ReplayedHeaders == nil {
+		cfg.ReplayedHeaders = DefaultReplayedHeaders
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 1 << 20
@@ -141,22 +220,26 @@ func serve(cfg Config, next http.Handler, w http.ResponseWriter, r *http.Request
 		next.ServeHTTP(w, r)
 		return
 	}
-	tenant, err := cfg.Tenant(r)
-	if err != nil {
-		cfg.Logger.Printf("idempotency: the tenant function failed: %v", err)
-		problem(w, http.StatusInternalServerError, "internal error", "Nothing was stored; retrying with the same key is safe.")
-		return
-	}
-	if err := checkIdentifier(tenant, "the tenant"); err != nil {
-		problem(w, http.StatusBadRequest, err.title, err.detail)
-		return
-	}
 	key, refused := ParseIdempotencyKey(keyHeaders)
 	if refused != nil {
 		var rf *refusal
 		errors.As(refused, &rf)
 		problem(w, http.StatusBadRequest, rf.title, rf.detail)
 		return
+	}
+	tenant, err := cfg.Tenant(r)
+	if err != nil {
+		cfg.Logger.Printf("idempotency: the tenant function failed: %v", err)
+		problem(w, http.StatusInternalServerError, TitleInternal, "Nothing was stored; retrying with the same key is safe.")
+		return
+	}
+	if err := checkIdentifier(tenant, "the tenant"); err != nil {
+		problem(w, http.StatusBadRequest, TitleTenantInvalid, err.reason())
+		return
+	}
+	intervals := Intervals{cfg.Lease, cfg.TTL, cfg.Wait}
+	if cfg.PerRequest != nil {
+		intervals = intervals.override(cfg.PerRequest(r))
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, cfg.MaxBodyBytes+1))
 	if err != nil {
@@ -178,23 +261,21 @@ func serve(cfg Config, next http.Handler, w http.ResponseWriter, r *http.Request
 		internalError(cfg, w, fmt.Errorf("beginning the transaction: %w", err))
 		return
 	}
-	if cfg.TenantSetting != "" {
-		// transaction-local (is_local true): it ends with the transaction, also
-		// through PgBouncer's transaction pooling
-		if _, err = tx.ExecContext(ctx, `SELECT pg_catalog.set_config($1, $2, true)`, cfg.TenantSetting, tenant); err != nil {
-			_ = tx.Rollback()
-			internalError(cfg, w, fmt.Errorf("setting %s: %w", cfg.TenantSetting, err))
-			return
-		}
+	if err = beforeClaim(ctx, tx, cfg.TenantSetting, cfg.BeforeClaim, tenant); err != nil {
+		_ = tx.Rollback()
+		internalError(cfg, w, err)
+		return
 	}
 	var outcome string
 	var token sql.NullInt64
 	var response, answer sql.NullString
+	var retry int
 	err = tx.QueryRowContext(ctx,
-		`SELECT outcome, token, response::text, `+bodyText("response")+`
-		   FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval)`,
-		tenant, key, Fingerprint(r.Method, r.URL.RequestURI(), body), nullable(cfg.Lease), nullable(cfg.TTL),
-	).Scan(&outcome, &token, &response, &answer)
+		`SELECT outcome, token, response::text, `+bodyText("response")+`, `+retryAfter+`
+		   FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
+		tenant, key, Fingerprint(r.Method, r.URL.RequestURI(), body), nullable(intervals.Lease), nullable(intervals.TTL),
+		nullable(intervals.Wait),
+	).Scan(&outcome, &token, &response, &answer, &retry)
 	if err == nil && outcome != "claimed" {
 		err = tx.Commit()
 	}
@@ -206,16 +287,14 @@ func serve(cfg Config, next http.Handler, w http.ResponseWriter, r *http.Request
 	switch outcome {
 	case "claimed":
 	case "replay", "failed":
-		sendStored(w, response.String, answer.String, true)
+		sendStored(w, response.String, answer.String, true, cfg.ResponseHook)
 		return
 	case "in_progress":
-		w.Header().Set("Retry-After", "1")
-		problem(w, http.StatusConflict, "a request with this Idempotency-Key is still being processed",
-			"Retry later with the same key.")
+		w.Header().Set("Retry-After", fmt.Sprint(retry))
+		problem(w, http.StatusConflict, TitleInProgress, "Retry later with the same key.")
 		return
 	default: // mismatch
-		problem(w, http.StatusUnprocessableEntity, "this Idempotency-Key was used for a different request",
-			"A key must not be reused with another payload.")
+		problem(w, http.StatusUnprocessableEntity, TitleMismatch, "A key must not be reused with another payload.")
 		return
 	}
 
@@ -224,15 +303,15 @@ func serve(cfg Config, next http.Handler, w http.ResponseWriter, r *http.Request
 	held := &heldAnswer{header: http.Header{}}
 	if !runHandler(cfg, next, held, r.WithContext(context.WithValue(ctx, claimContextKey{}, claim))) {
 		_ = tx.Rollback()
-		problem(w, http.StatusInternalServerError, "internal error", "Nothing was stored; retrying with the same key is safe.")
+		problem(w, http.StatusInternalServerError, TitleInternal, "Nothing was stored; retrying with the same key is safe.")
 		return
 	}
-	if held.status >= 500 {
+	if !cfg.StoreStatus(held.status) { // by default a 5xx
 		_ = tx.Rollback() // writes and claim go together; a retry runs again
 		held.sendAsIs(w)
 		return
 	}
-	document, err := storedDocument(held)
+	document, err := storedDocument(held, cfg.ReplayedHeaders)
 	if err == nil {
 		fn := "idem_complete($1, $2, $3, response => d.r)"
 		if held.status >= 400 {
@@ -251,7 +330,39 @@ func serve(cfg Config, next http.Handler, w http.ResponseWriter, r *http.Request
 		internalError(cfg, w, fmt.Errorf("storing the answer: %w", err))
 		return
 	}
-	sendStored(w, response.String, answer.String, false)
+	sendStored(w, response.String, answer.String, false, cfg.ResponseHook)
+}
+
+// override is i with the non-empty intervals of call.
+func (i Intervals) override(call Intervals) Intervals {
+	for _, v := range []struct {
+		to   *string
+		from string
+	}{{&i.Lease, call.Lease}, {&i.TTL, call.TTL}, {&i.Wait, call.Wait}} {
+		if v.from != "" {
+			*v.to = v.from
+		}
+	}
+	return i
+}
+
+// beforeClaim runs set_config(setting, tenant, true) when setting is set, then
+// hook when it is set, in the claim's transaction before the claim.
+func beforeClaim(ctx context.Context, tx *sql.Tx, setting string, hook func(context.Context, *sql.Tx, string) error,
+	tenant string) error {
+	if setting != "" {
+		// transaction-local (is_local true): it ends with the transaction, also
+		// through PgBouncer's transaction pooling
+		if _, err := tx.ExecContext(ctx, `SELECT pg_catalog.set_config($1, $2, true)`, setting, tenant); err != nil {
+			return fmt.Errorf("setting %s: %w", setting, err)
+		}
+	}
+	if hook != nil {
+		if err := hook(ctx, tx, tenant); err != nil {
+			return fmt.Errorf("BeforeClaim: %w", err)
+		}
+	}
+	return nil
 }
 
 // runHandler runs the handler into held; false when it panicked (logged).
@@ -306,11 +417,12 @@ func (h *heldAnswer) sendAsIs(w http.ResponseWriter) {
 
 // storedDocument is the handler's answer as the document kept in
 // idempotency_records.response: {"status", "headers"?, "body" | "body_base64", "content_type"?}.
-func storedDocument(h *heldAnswer) ([]byte, error) {
+func storedDocument(h *heldAnswer, replayed []string) ([]byte, error) {
 	doc := map[string]any{"status": h.status}
 	headers := map[string]any{}
-	for name, values := range h.header {
-		if notStoredHeaders[http.CanonicalHeaderKey(name)] || len(values) == 0 {
+	for _, name := range replayed {
+		values := h.header.Values(name)
+		if len(values) == 0 || strings.EqualFold(name, "Content-Type") {
 			continue
 		}
 		if len(values) == 1 {
@@ -340,8 +452,9 @@ func storedDocument(h *heldAnswer) ([]byte, error) {
 	return json.Marshal(doc)
 }
 
-// sendStored sends a stored document; body is its body as PostgreSQL printed it.
-func sendStored(w http.ResponseWriter, document, body string, replayed bool) {
+// sendStored sends a stored document; body is its body as PostgreSQL printed
+// it; hook, when set, runs before it is sent.
+func sendStored(w http.ResponseWriter, document, body string, replayed bool, hook func(http.Header, bool)) {
 	var doc struct {
 		Status      *int            `json:"status"`
 		Headers     map[string]any  `json:"headers"`
@@ -381,6 +494,9 @@ func sendStored(w http.ResponseWriter, document, body string, replayed bool) {
 	}
 	w.Header().Set("Content-Type", contentType)
 	w.Header().Set("Content-Length", fmt.Sprint(len(bytesToSend)))
+	if hook != nil {
+		hook(w.Header(), replayed)
+	}
 	w.WriteHeader(*doc.Status)
 	_, _ = w.Write(bytesToSend)
 }
@@ -400,7 +516,7 @@ func problem(w http.ResponseWriter, status int, title, detail string) {
 
 func internalError(cfg Config, w http.ResponseWriter, err error) {
 	cfg.Logger.Printf("idempotency: %v", err)
-	problem(w, http.StatusInternalServerError, "internal error", "Nothing was stored; retrying with the same key is safe.")
+	problem(w, http.StatusInternalServerError, TitleInternal, "Nothing was stored; retrying with the same key is safe.")
 }
 
 func nullable(interval string) any {
@@ -408,6 +524,15 @@ func nullable(interval string) any {
 		return nil
 	}
 	return interval
+}
+
+// reason is the refusal as one sentence, for a problem's detail.
+func (r *refusal) reason() string {
+	text := r.title + "."
+	if r.detail != "" {
+		text = r.title + ": " + r.detail
+	}
+	return strings.ToUpper(text[:1]) + text[1:]
 }
 
 // checkIdentifier accepts printable ASCII of 1..255 bytes (so bytes == characters).
@@ -431,21 +556,21 @@ func checkIdentifier(value, name string) *refusal {
 // bare (abc) as Stripe does, of 1..255 printable ASCII bytes.
 func ParseIdempotencyKey(values []string) (string, error) {
 	if len(values) == 0 {
-		return "", &refusal{"Idempotency-Key header is required", "Send a unique key per operation, e.g. a UUID v4."}
+		return "", &refusal{TitleKeyRequired, "Send a unique key per operation, e.g. a UUID v4."}
 	}
 	if len(values) > 1 {
-		return "", &refusal{"only one Idempotency-Key header is allowed", ""}
+		return "", &refusal{TitleKeyInvalid, "Only one Idempotency-Key header is allowed."}
 	}
 	raw := strings.Trim(values[0], " \t")
 	if strings.HasPrefix(raw, `"`) {
 		unquoted, ok := parseSFString(raw)
 		if !ok {
-			return "", &refusal{"Idempotency-Key is not a valid structured-field string", ""}
+			return "", &refusal{TitleKeyInvalid, "The Idempotency-Key is not a valid structured-field string."}
 		}
 		raw = unquoted
 	}
-	if err := checkIdentifier(raw, "Idempotency-Key"); err != nil {
-		return "", err
+	if err := checkIdentifier(raw, "the Idempotency-Key"); err != nil {
+		return "", &refusal{TitleKeyInvalid, err.reason()}
 	}
 	return raw, nil
 }

@@ -1,6 +1,7 @@
 // Types of idempotency-pg, written by hand (the package is plain JavaScript).
 // Only the shapes used here are declared, so neither express's nor pg's types
-// need to be installed.
+// need to be installed; with @types/express, req.idempotency is typed on
+// Express's Request (the augmentation at the end).
 
 /** The part of a pg.Pool, pg.Client or pool client the package uses. */
 export interface Queryable {
@@ -27,16 +28,30 @@ export interface IdempotencyClaim {
   db: PoolClientLike;
 }
 
+/** An interval ('30 seconds'), or a function of the request or message returning one (per call). */
+export type PerCall<T> = string | null | ((input: T) => string | null | undefined | Promise<string | null | undefined>);
+
 export interface MiddlewareOptions {
   pool: PoolLike;
-  /** Whose key this is: the authenticated principal. Default: the X-Client-Id header. */
-  tenant?: (req: any) => string | Promise<string>;
-  /** idem_claim's lease, an interval ('30 seconds'); default the server's setting. */
-  lease?: string | null;
-  /** How long the record is kept, an interval ('1 day'); default the server's setting. */
-  ttl?: string | null;
-  /** true: a request without an Idempotency-Key header passes through untouched. Default false (400). */
+  /** Whose key this is: a header name, or a function returning the authenticated principal.
+   *  Default: the X-Client-Id header. */
+  tenant?: string | ((req: any) => string | Promise<string>);
+  /** idem_claim's lease; default the server's setting. A 409's Retry-After is the lease left. */
+  lease?: PerCall<any>;
+  /** How long the record is kept ('1 day'); default the server's setting. */
+  ttl?: PerCall<any>;
+  /** How long a duplicate waits for the original's answer, replayed if it comes; default: 409 at once. */
+  wait?: PerCall<any>;
+  /** true (default): a request without an Idempotency-Key header is answered 400; false lets it through. */
+  raiseOnMissingKey?: boolean;
+  /** @deprecated the older spelling of raiseOnMissingKey: false. */
   optionalKey?: boolean;
+  /** Which answers are stored and replayed; default defaultStoreStatus (2xx, 3xx, deterministic 4xx). */
+  storeStatus?: (status: number) => boolean;
+  /** The response headers stored and replayed, an allow-list; default ['location', 'content-location', 'link']. */
+  replayedHeaders?: string[];
+  /** Called before every stored answer (the first) and every replay is sent; may set headers. */
+  responseHook?: ((res: any, replayed: boolean) => void) | null;
   /** With tenant isolation on: the setting its policy reads ('app.tenant'), set to the tenant
    *  (set_config(…, true)) in the transaction before the claim. Default null: nothing is set. */
   tenantSetting?: string | null;
@@ -54,12 +69,14 @@ export interface IdempotentOptions<M> {
   tenant: string | ((message: M) => string);
   /** Dotted paths whose values make the fingerprint; a duplicate with other values is refused. Default: none. */
   fingerprintFields?: string[] | null;
-  /** How long the record is kept, an interval ('7 days'); default the server's setting. */
-  ttl?: string | null;
-  /** idem_claim's lease, an interval; default the server's setting. */
-  lease?: string | null;
-  /** How long to wait for a delivery in progress elsewhere, an interval; default: do not wait. */
-  wait?: string | null;
+  /** How long the record is kept ('7 days'); default the server's setting. */
+  ttl?: PerCall<M>;
+  /** idem_claim's lease; default the server's setting. */
+  lease?: PerCall<M>;
+  /** How long to wait for a delivery in progress elsewhere; default: do not wait. */
+  wait?: PerCall<M>;
+  /** true (default): a message without a key throws 'invalid_key'; false runs fn without a claim. */
+  raiseOnMissingKey?: boolean;
   /** With tenant isolation on: the setting its policy reads ('app.tenant'), set to the tenant
    *  (set_config(…, true)) in the transaction before the claim. Default null: nothing is set. */
   tenantSetting?: string | null;
@@ -72,8 +89,16 @@ export interface IdempotentOptions<M> {
  */
 export function idempotent<M, R, A extends unknown[]>(
   fn: (db: PoolClientLike, message: M, ...rest: A) => R | Promise<R>,
-  options: IdempotentOptions<M>,
+  options: IdempotentOptions<M> & { responseHook?: null },
 ): (db: PoolLike | Queryable, message: M, ...rest: A) => Promise<R>;
+/** With responseHook: (result, replayed) => what the call returns, on the first delivery and every duplicate. */
+export function idempotent<M, R, A extends unknown[], H>(
+  fn: (db: PoolClientLike, message: M, ...rest: A) => R | Promise<R>,
+  options: IdempotentOptions<M> & { responseHook: (result: R, replayed: boolean) => H },
+): (db: PoolLike | Queryable, message: M, ...rest: A) => Promise<H>;
+
+/** The default storeStatus: 2xx, 3xx and the deterministic 4xx; never 5xx, 408, 409, 425, 429. */
+export function defaultStoreStatus(status: number): boolean;
 
 export type IdempotencyErrorCode = 'in_progress' | 'mismatch' | 'failed' | 'invalid_key';
 
@@ -82,6 +107,9 @@ export class IdempotencyError extends Error {
   code: IdempotencyErrorCode;
   /** For code 'failed': the stored failure document. */
   response?: unknown;
+  /** For code 'in_progress': seconds at most (the holder's lease left, a whole lease while it is
+   *  uncommitted), as an HTTP 409's Retry-After. */
+  retryAfter?: number;
 }
 
 /** JSON with sorted keys, as the fingerprints use it. */
@@ -93,3 +121,13 @@ export function parseIdempotencyKey(values: string[] | undefined): string;
 /** The fingerprint the middleware stores: sha256 of method, path with query and canonical body. */
 export function requestFingerprint(req: { method: string; originalUrl: string; body?: unknown }): string;
 
+
+declare global {
+  namespace Express {
+    interface Request {
+      /** Set by idempotency() for the one request that runs the route; undefined for a
+       *  request let through without a key (raiseOnMissingKey: false). */
+      idempotency?: IdempotencyClaim;
+    }
+  }
+}

@@ -7,8 +7,8 @@
  */
 const { idempotency, parseIdempotencyKey, requestFingerprint } = require('./lib/express');
 const { idempotent } = require('./lib/consumer');
-const { IdempotencyError, canonicalJson } = require('./lib/common');
+const { IdempotencyError, canonicalJson, defaultStoreStatus } = require('./lib/common');
 
 module.exports = {
-  idempotency, idempotent, IdempotencyError, canonicalJson, parseIdempotencyKey, requestFingerprint,
+  idempotency, idempotent, IdempotencyError, canonicalJson, parseIdempotencyKey, requestFingerprint, defaultStoreStatus,
 };

@@ -45,6 +45,11 @@ URL = f"http://127.0.0.1:{HTTP_PORT}/entries"
 
 KEYS, DUPLICATES = 10, 20     # concurrent phase: every key sent 20 times at once
 SLOW_MS = 300                 # how long a claimed booking takes in the concurrent phase
+# Retry-After of a 409 is the holder's lease left; the original holds its claim
+# uncommitted (claim and booking are one transaction), so its lease end is not
+# known yet and the answer is a whole lease: the apps set none, so the
+# server's idempotency.lease, 5 minutes (docs/integrations.md).
+RETRY_AFTER = "300"
 # Tokens beyond 2^53 (not exact as a double): the token mark is moved near the
 # top of bigint before the first claim, so every claim of the run gets one
 # (extension 1.1: tokens.c); with an extension whose takeover hands out the
@@ -189,6 +194,14 @@ def is_problem(reply):
     return reply.headers.get_content_type() == "application/problem+json"
 
 
+def title(reply):
+    """The title of a problem document (docs/integrations.md: the same in every package)."""
+    try:
+        return json.loads(reply.body).get("title")
+    except (ValueError, AttributeError):
+        return None
+
+
 def entries(*amounts, account="acc-1"):
     return [{"account": account, "amount": a} for a in amounts]
 
@@ -225,9 +238,11 @@ def wait_for_claim_in_flight(db, timeout=10):
 
 def test_key_header(db):
     r = post(None, entries(100))
-    check(r.status == 400 and is_problem(r), "no Idempotency-Key: 400 problem+json", f"{r.status} {r.body[:200]!r}")
+    check(r.status == 400 and is_problem(r) and title(r) == "An Idempotency-Key header is required",
+          "no Idempotency-Key: 400 problem+json, the packages' title", f"{r.status} {r.body[:200]!r}")
     r = post("", entries(100))
-    check(r.status == 400, "empty Idempotency-Key: 400", f"{r.status}")
+    check(r.status == 400 and title(r) == "The Idempotency-Key header is invalid",
+          "empty Idempotency-Key: 400, the packages' title", f"{r.status} {r.body[:200]!r}")
     r = post("k" * 256, entries(100))
     check(r.status == 400, "Idempotency-Key of 256 bytes: 400", f"{r.status}")
     r = post("k" * 255, entries(100))
@@ -257,8 +272,10 @@ def test_key_header(db):
 def test_mismatch(db):
     first = post("mismatch-1", entries(500))
     r = post("mismatch-1", entries(501))
-    check(first.status == 201 and r.status == 422 and is_problem(r) and rows(db, "mismatch-1") == 1,
-          "same key with another body: 422 problem+json, not booked again", f"{first.status} {r.status}")
+    check(first.status == 201 and r.status == 422 and is_problem(r) and rows(db, "mismatch-1") == 1
+          and title(r) == "This Idempotency-Key was used for a different request",
+          "same key with another body: 422 problem+json, the packages' title, not booked again",
+          f"{first.status} {r.status} {r.body[:200]!r}")
     r = post("mismatch-1", body=b'[ { "amount" : 500 , "account" : "acc-1" } ]')
     check(r.status == 201 and replayed(r) and r.body == first.body,
           "same JSON with other key order and spacing: replayed (canonical fingerprint)", f"{r.status}")
@@ -270,8 +287,10 @@ def test_in_progress(db):
     slow.start()
     in_flight = wait_for_claim_in_flight(db)
     r = post("slow-1", entries(42))
-    check(in_flight and r.status == 409 and r.headers.get("Retry-After") == "1" and is_problem(r),
-          "same key while the original runs: 409 problem+json with Retry-After: 1",
+    check(in_flight and r.status == 409 and r.headers.get("Retry-After") == RETRY_AFTER and is_problem(r)
+          and json.loads(r.body).get("title") == "A request with this Idempotency-Key is still being processed",
+          f"same key while the original runs: 409 problem+json, the packages' title, Retry-After: {RETRY_AFTER}"
+          " (a whole lease: the original's claim is not committed)",
           f"in flight {in_flight}, {r.status} {dict(r.headers)}")
     r = post("slow-1", entries(43))
     check(r.status == 409, "another body while the original runs: 409 (cannot compare yet)", f"{r.status}")
@@ -387,7 +406,7 @@ def test_concurrent_duplicates(db):
         first = post(key, batch, delay_ms=SLOW_MS)
         reply, retries = first, 0
         while reply.status == 409 and retries < 400:
-            time.sleep(0.025)   # a client backing off (Retry-After would make the test slow)
+            time.sleep(0.025)   # a client backing off (Retry-After, a whole lease, would make the test slow)
             reply, retries = post(key, batch, delay_ms=SLOW_MS), retries + 1
         return k, first, reply
 
@@ -405,7 +424,7 @@ def test_concurrent_duplicates(db):
     check(originals == Counter({1: KEYS}), "per key exactly one request ran the handler (one non-replayed 201)",
           f"keys by number of originals: {dict(originals)}")
     conflicts = [f for rs in by_key.values() for f, _ in rs if f.status == 409]
-    check(conflicts and all(is_problem(f) and f.headers.get("Retry-After") == "1" for f in conflicts),
+    check(conflicts and all(is_problem(f) and f.headers.get("Retry-After") == RETRY_AFTER for f in conflicts),
           f"concurrent duplicates met the original in flight: {len(conflicts)} answered 409 with Retry-After",
           f"{len(conflicts)} conflicts")
     other = [f.status for rs in by_key.values() for f, _ in rs if f.status not in (201, 409)]

@@ -13,6 +13,41 @@ const SETTING_NAME = /^[A-Za-z_][A-Za-z0-9_$]*(?:\.[A-Za-z_][A-Za-z0-9_$]*)+$/;
 // so it ends with the transaction, also through PgBouncer's transaction pooling
 const SET_TENANT_SQL = 'SELECT pg_catalog.set_config($1, $2, true)';
 
+// The same in the Python, Node.js and Go packages (docs/integrations.md, "One behaviour in
+// three packages"): the titles of the problem documents...
+const TITLES = {
+  keyRequired: 'An Idempotency-Key header is required',
+  keyInvalid: 'The Idempotency-Key header is invalid',
+  tenantInvalid: 'The tenant is invalid',
+  inProgress: 'A request with this Idempotency-Key is still being processed',
+  mismatch: 'This Idempotency-Key was used for a different request',
+  internal: 'Internal error',
+};
+// ...the headers a stored answer keeps and replays (an allow-list, lower case)...
+const DEFAULT_REPLAYED_HEADERS = ['location', 'content-location', 'link'];
+// ...and Retry-After of a 409: the seconds left of the holder's lease (or, when the holder has
+// not committed its claim yet, of a whole lease: this call's, or the server's idempotency.lease),
+// at least 1.  $n is the call's lease.
+const retryAfterSql = (leaseParam) => `greatest(1, ceil(extract(epoch FROM coalesce(expires_at - clock_timestamp(),
+  ${leaseParam}::interval, current_setting('idempotency.lease', true)::interval, interval '5 minutes'))))::int`;
+
+/** Which answers are stored and replayed by default: 2xx, 3xx and the deterministic 4xx
+ *  (not 408, 409, 425, 429); never a 5xx. An answer not stored rolls back with the claim. */
+function defaultStoreStatus(status) {
+  return (status >= 200 && status < 400) || (status >= 400 && status < 500 && ![408, 409, 425, 429].includes(status));
+}
+
+/** An interval option: null, interval text ('5 minutes'), or a function of the request or
+ *  message returning one (per call). Returns a function of the request or message. */
+function perCall(value, name) {
+  if (typeof value === 'function') return value;
+  if (value === null || value === undefined) return () => null;
+  if (typeof value !== 'string' || value === '') {
+    throw new TypeError(`The ${name} option must be an interval such as '5 minutes', or a function returning one.`);
+  }
+  return () => value;
+}
+
 /** A refusal of the caller's input (HTTP 400), raised before anything is claimed. */
 class Refused extends Error {
   constructor(title, detail) {
@@ -30,11 +65,13 @@ class Refused extends Error {
  *   code 'invalid_key'  the message gave no usable key or tenant
  */
 class IdempotencyError extends Error {
-  constructor(code, message, response) {
+  constructor(code, message, response, retryAfter) {
     super(message);
     this.name = 'IdempotencyError';
     this.code = code;
     if (response !== undefined) this.response = response;
+    // for 'in_progress': seconds at most, as an HTTP 409's Retry-After (the holder's lease left)
+    if (retryAfter !== undefined) this.retryAfter = retryAfter;
   }
 }
 
@@ -77,6 +114,6 @@ const sha256 = (...parts) => {
 };
 
 module.exports = {
-  MAX_IDENTIFIER_BYTES, SET_TENANT_SQL, Refused, IdempotencyError, parseIdentifier, checkTenantSetting, canonicalJson,
-  sha256,
+  MAX_IDENTIFIER_BYTES, SET_TENANT_SQL, TITLES, DEFAULT_REPLAYED_HEADERS, Refused, IdempotencyError, parseIdentifier,
+  checkTenantSetting, canonicalJson, sha256, retryAfterSql, defaultStoreStatus, perCall,
 };

@@ -20,7 +20,8 @@
  * that JSON read back, so every delivery sees the same value.
  */
 const {
-  SET_TENANT_SQL, Refused, IdempotencyError, parseIdentifier, checkTenantSetting, canonicalJson, sha256,
+  SET_TENANT_SQL, Refused, IdempotencyError, parseIdentifier, checkTenantSetting, canonicalJson, sha256, perCall,
+  retryAfterSql,
 } = require('./common');
 
 /** A dotted path ('body.order.id') into a message; undefined when any step is missing. */
@@ -60,14 +61,21 @@ function identifier(value, what) {
  *   tenant             a string, or (message) => tenant (the consumer group, the queue)
  *   fingerprintFields  dotted paths whose values make the fingerprint; a duplicate whose
  *                      fields differ is refused ('mismatch'); default: no fingerprint
- *   ttl, lease, wait   intervals for idem_claim ('1 day', '30 seconds', '2 seconds');
- *                      default the server's settings (wait: answer in_progress at once)
+ *   ttl, lease, wait   intervals for idem_claim ('1 day', '30 seconds', '2 seconds'), or
+ *                      (message) => interval (per call); default the server's settings
+ *                      (wait: answer in_progress at once)
+ *   raiseOnMissingKey  true (default): a message without a key (undefined or null) throws
+ *                      IdempotencyError 'invalid_key'; false runs fn without a claim, in a
+ *                      transaction of its own, storing nothing
+ *   responseHook       (result, replayed) => value: called with every result, what it
+ *                      returns is returned; replayed is true when fn did not run
  *   tenantSetting      with tenant isolation on, the setting its policy reads ('app.tenant'):
  *                      set_config(tenantSetting, tenant, true) runs in the transaction
  *                      before the claim; default null: nothing is set
  */
 function idempotent(fn, {
   key, tenant, fingerprintFields = null, ttl = null, lease = null, wait = null, tenantSetting = null,
+  raiseOnMissingKey = true, responseHook = null,
 } = {}) {
   if (typeof fn !== 'function') throw new TypeError('idempotent() needs the function to wrap.');
   if (!(typeof key === 'function' || (typeof key === 'string' && key !== ''))) {
@@ -80,13 +88,21 @@ function idempotent(fn, {
       && !(Array.isArray(fingerprintFields) && fingerprintFields.every((f) => typeof f === 'string' && f !== ''))) {
     throw new TypeError('The fingerprintFields option must be an array of dotted paths.');
   }
+  if (responseHook !== null && typeof responseHook !== 'function') {
+    throw new TypeError('The responseHook option must be a function (result, replayed).');
+  }
   const setting = checkTenantSetting(tenantSetting);
+  const intervals = [perCall(lease, 'lease'), perCall(ttl, 'ttl'), perCall(wait, 'wait')];
+  const answer = (result, replayed) => (responseHook ? responseHook(result, replayed) : result);
 
   return async function idempotentCall(db, message, ...rest) {
-    const keyValue = identifier(valueOf(key, message), 'the key');
+    const rawKey = valueOf(key, message);
+    if ((rawKey === undefined || rawKey === null) && !raiseOnMissingKey) return runWithoutKey(fn, db, message, rest);
+    const keyValue = identifier(rawKey, 'the key');
     const tenantValue = identifier(typeof tenant === 'string' ? tenant : tenant(message), 'the tenant');
     const fingerprint = fingerprintFields === null ? null
       : sha256(canonicalJson(fingerprintFields.map((field) => [field, pathValue(message, field) ?? null])));
+    const [callLease, callTtl, callWait] = intervals.map((f) => f(message) ?? null);
 
     const { client, giveBack } = await borrow(db);
     let broken;
@@ -96,9 +112,9 @@ function idempotent(fn, {
       try {
         if (setting) await client.query(SET_TENANT_SQL, [setting, tenantValue]);
         const { rows: [claim] } = await client.query(
-          `SELECT outcome, token, response
+          `SELECT outcome, token, response, ${retryAfterSql('$4')} AS retry_after
              FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
-          [tenantValue, keyValue, fingerprint, lease, ttl, wait]);
+          [tenantValue, keyValue, fingerprint, callLease, callTtl, callWait]);
         outcome = claim;
         if (claim.outcome === 'claimed') {
           const result = await fn(client, message, ...rest);
@@ -109,9 +125,10 @@ function idempotent(fn, {
                     idem_complete($1, $2, $3::bigint, response => d.r)`,
             [tenantValue, keyValue, claim.token, document]);
           await client.query('COMMIT');
-          return stored.result;
+          outcome = { outcome: 'claimed', response: stored.result };
+        } else {
+          await client.query('COMMIT');
         }
-        await client.query('COMMIT');
       } catch (e) {
         try {
           await client.query('ROLLBACK');
@@ -121,14 +138,16 @@ function idempotent(fn, {
         throw e;
       }
       switch (outcome.outcome) {
-        case 'replay':
-          return outcome.response;
+        case 'claimed':
+        case 'replay':   // after the commit: a hook that throws cannot undo the stored result
+          return answer(outcome.response, outcome.outcome === 'replay');
         case 'failed':
           throw new IdempotencyError('failed', 'This message was processed before and failed; the stored failure is in error.response.',
             outcome.response);
         case 'in_progress':
           throw new IdempotencyError('in_progress',
-            'Another delivery of this message is being processed now; deliver it again later.');
+            'Another delivery of this message is being processed now; deliver it again later.', undefined,
+            outcome.retry_after);
         default:
           throw new IdempotencyError('mismatch',
             'This key was used before for a message with other fingerprint fields.');
@@ -137,6 +156,29 @@ function idempotent(fn, {
       giveBack(broken);
     }
   };
+}
+
+/** A message without a key under raiseOnMissingKey: false: fn in a transaction of its own. */
+async function runWithoutKey(fn, db, message, rest) {
+  const { client, giveBack } = await borrow(db);
+  let broken;
+  try {
+    await client.query('BEGIN');
+    try {
+      const result = await fn(client, message, ...rest);
+      await client.query('COMMIT');
+      return result;
+    } catch (e) {
+      try {
+        await client.query('ROLLBACK');
+      } catch (rollbackError) {
+        broken = rollbackError;
+      }
+      throw e;
+    }
+  } finally {
+    giveBack(broken);
+  }
 }
 
 module.exports = { idempotent };

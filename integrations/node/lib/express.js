@@ -11,12 +11,14 @@
  *                  for a 4xx) and COMMITted before a byte is sent
  *     replay       the stored status and body, Idempotent-Replayed: true
  *     failed       the stored failure,          Idempotent-Replayed: true
- *     in_progress  409 + Retry-After: 1
+ *     in_progress  409 + Retry-After: the seconds left of the original's lease
+ *                  (with wait, after waiting that long for its answer)
  *     mismatch     422 (the key was used for another request)
  *
  * A route that fails (Express 5 turns a rejected promise into a 500) or
- * answers 5xx is rolled back: its writes and the claim go together, nothing
- * is stored, and a retry runs again.
+ * answers a status storeStatus refuses (by default a 5xx, 408, 409, 425 or
+ * 429) is rolled back: its writes and the claim go together, nothing is
+ * stored, and a retry runs again.
  *
  * Two node-postgres points this handles:
  *  - bigint (the token) arrives as a string; it goes back as that string
@@ -31,12 +33,11 @@
  * JSON.parse on the way).
  */
 const {
-  SET_TENANT_SQL, Refused, parseIdentifier, checkTenantSetting, canonicalJson, sha256,
+  SET_TENANT_SQL, TITLES, DEFAULT_REPLAYED_HEADERS, Refused, parseIdentifier, checkTenantSetting, canonicalJson, sha256,
+  retryAfterSql, defaultStoreStatus, perCall,
 } = require('./common');
 
 const SF_STRING = /^"((?:[^"\\]|\\["\\])*)"$/;           // RFC 8941 sf-string
-const NOT_STORED_HEADERS = new Set(['content-length', 'content-type', 'etag', 'date', 'connection',
-  'keep-alive', 'transfer-encoding', 'x-powered-by']);
 // the body to send, as PostgreSQL prints the stored jsonb (the whole document if it is not ours)
 const bodyText = (expr) => `coalesce(${expr}->'body', ${expr})::text`;
 
@@ -47,19 +48,30 @@ function problem(res, status, title, detail, headers = {}) {
   res.status(status).set(headers).type('application/problem+json').send(JSON.stringify(doc));
 }
 
+/** A refusal of parseIdentifier as the detail of a problem titled title. */
+function refusedAs(title, e) {
+  if (!(e instanceof Refused)) throw e;
+  const reason = e.detail ? `${e.title}: ${e.detail}` : `${e.title}.`;
+  return new Refused(title, reason[0].toUpperCase() + reason.slice(1));
+}
+
 /** The key: an sf-string ("abc") per the IETF draft, or bare (abc) as Stripe sends it. */
 function parseIdempotencyKey(values) {
   if (!values || values.length === 0) {
-    throw new Refused('Idempotency-Key header is required', 'Send a unique key per operation, e.g. a UUID v4.');
+    throw new Refused(TITLES.keyRequired, 'Send a unique key per operation, e.g. a UUID v4.');
   }
-  if (values.length > 1) throw new Refused('only one Idempotency-Key header is allowed');
+  if (values.length > 1) throw new Refused(TITLES.keyInvalid, 'Only one Idempotency-Key header is allowed.');
   let raw = values[0].trim();
   if (raw.startsWith('"')) {
     const quoted = SF_STRING.exec(raw);
-    if (!quoted) throw new Refused('Idempotency-Key is not a valid structured-field string');
+    if (!quoted) throw new Refused(TITLES.keyInvalid, 'The Idempotency-Key is not a valid structured-field string.');
     raw = quoted[1].replace(/\\(["\\])/g, '$1');
   }
-  return parseIdentifier(raw, 'Idempotency-Key');
+  try {
+    return parseIdentifier(raw, 'the Idempotency-Key');
+  } catch (e) {
+    throw refusedAs(TITLES.keyInvalid, e);
+  }
 }
 
 /** What makes two requests "the same": method, path with query, and the body
@@ -70,11 +82,12 @@ function requestFingerprint(req) {
   return sha256(`${req.method} ${req.originalUrl}\n`, body);
 }
 
-/** The route's answer as the document kept in idempotency_records.response. */
-function storedDocument(res, body) {
+/** The route's answer as the document kept in idempotency_records.response; of its
+ *  headers, those in the replayedHeaders allow-list (a Set of lower-case names). */
+function storedDocument(res, body, replayed) {
   const doc = { status: res.statusCode };
   const headers = Object.fromEntries(Object.entries(res.getHeaders())
-    .filter(([name]) => !NOT_STORED_HEADERS.has(name)));
+    .filter(([name]) => replayed.has(name)));
   if (Object.keys(headers).length > 0) doc.headers = headers;
   const contentType = String(res.getHeader('content-type') ?? '');
   try {
@@ -88,8 +101,9 @@ function storedDocument(res, body) {
   return doc;
 }
 
-/** Send a stored document; `body` is its body as PostgreSQL printed it. */
-function sendStored(res, doc, body, replayed) {
+/** Send a stored document; `body` is its body as PostgreSQL printed it; hook(res, replayed) runs
+ *  before it is sent. */
+function sendStored(res, doc, body, replayed, hook) {
   if (!(doc !== null && typeof doc === 'object' && Number.isInteger(doc.status))) {
     // not one of ours, e.g. the extension's {"error": "lease_expired"} under stale_action = 'fail'
     doc = { status: 500 };
@@ -101,18 +115,30 @@ function sendStored(res, doc, body, replayed) {
   res.removeHeader('ETag');
   res.setHeader('Content-Type', doc.content_type ?? 'application/json');
   res.setHeader('Content-Length', bytes.length);
+  if (hook) hook(res, replayed);
   res.end(bytes);
 }
 
 /**
- * idempotency({ pool, tenant, lease, ttl, optionalKey, tenantSetting }) -> middleware
+ * idempotency({ pool, tenant, lease, ttl, wait, raiseOnMissingKey, tenantSetting, storeStatus,
+ *               replayedHeaders, responseHook }) -> middleware
  *   pool:        a pg.Pool
- *   tenant:      (req) => tenant id, may be async; default the X-Client-Id header.
- *                Return the authenticated principal's id in a real service.
- *   lease, ttl:  intervals for idem_claim ('30 seconds'); default the server's.
- *   optionalKey: true lets a request without an Idempotency-Key header through
- *                untouched (no claim, no transaction, req.idempotency unset);
- *                default false: such a request is answered 400.
+ *   tenant:      a header name (default 'X-Client-Id'), or (req) => tenant id, may be
+ *                async: return the authenticated principal's id in a real service.
+ *   lease, ttl:  intervals for idem_claim ('30 seconds'), or (req) => interval (per call);
+ *                default the server's.
+ *   wait:        how long a duplicate waits for the original's answer (same forms); an
+ *                answer within the wait is replayed, else 409. Default: answer 409 at once.
+ *   raiseOnMissingKey: true (default): a request without an Idempotency-Key header is
+ *                answered 400; false lets it through untouched (no claim, no transaction,
+ *                req.idempotency unset). optionalKey: true is the older spelling of false.
+ *   storeStatus: (status) => boolean, which answers are stored and replayed; default
+ *                defaultStoreStatus (2xx, 3xx, deterministic 4xx; never 5xx, 408, 409, 425,
+ *                429). An answer not stored is sent once, its writes rolled back with the claim.
+ *   replayedHeaders: the headers stored and replayed (an allow-list, any case); default
+ *                ['location', 'content-location', 'link']. Content-Type is always kept.
+ *   responseHook: (res, replayed) => void, called before every stored answer (the first)
+ *                and every replay is sent; it may set headers.
  *   tenantSetting: with tenant isolation on (idem_set_tenant_isolation(true, 'app.tenant')),
  *                the setting its policy reads: the transaction runs
  *                set_config(tenantSetting, tenant, true) before the claim, so the
@@ -120,20 +146,42 @@ function sendStored(res, doc, body, replayed) {
  *                Default null: nothing is set.
  * Put it after the body parser (express.json()) so the fingerprint sees the body.
  */
-function idempotency({ pool, tenant = (req) => req.get('X-Client-Id'), lease = null, ttl = null,
-  optionalKey = false, tenantSetting = null } = {}) {
+function idempotency({ pool, tenant = 'X-Client-Id', lease = null, ttl = null, wait = null,
+  raiseOnMissingKey = true, optionalKey, tenantSetting = null, storeStatus = defaultStoreStatus,
+  replayedHeaders = DEFAULT_REPLAYED_HEADERS, responseHook = null } = {}) {
   if (!pool || typeof pool.connect !== 'function') {
     throw new TypeError('idempotency() needs a pg.Pool as its pool option.');
   }
-  if (typeof tenant !== 'function') throw new TypeError('The tenant option must be a function of the request.');
+  if (typeof tenant === 'string' && tenant !== '') {
+    const header = tenant;
+    tenant = (req) => req.get(header);
+  }
+  if (typeof tenant !== 'function') {
+    throw new TypeError('The tenant option must be a header name or a function of the request.');
+  }
+  if (typeof storeStatus !== 'function') throw new TypeError('The storeStatus option must be a function of the status.');
+  if (!Array.isArray(replayedHeaders) || !replayedHeaders.every((h) => typeof h === 'string' && h !== '')) {
+    throw new TypeError('The replayedHeaders option must be an array of header names.');
+  }
+  if (responseHook !== null && typeof responseHook !== 'function') {
+    throw new TypeError('The responseHook option must be a function (res, replayed).');
+  }
+  const replayed = new Set(replayedHeaders.map((h) => h.toLowerCase()));
+  const keyOptional = optionalKey === undefined ? !raiseOnMissingKey : Boolean(optionalKey);
+  const intervals = [perCall(lease, 'lease'), perCall(ttl, 'ttl'), perCall(wait, 'wait')];
   const setting = checkTenantSetting(tenantSetting);
   return async function idempotencyMiddleware(req, res, next) {
     const keyHeaders = req.headersDistinct['idempotency-key'];
-    if (optionalKey && (!keyHeaders || keyHeaders.length === 0)) return next();
-    let tenantId, key;
+    if (keyOptional && (!keyHeaders || keyHeaders.length === 0)) return next();
+    let tenantId, key, callLease, callTtl, callWait;
     try {
-      tenantId = parseIdentifier(await tenant(req), 'the tenant');
       key = parseIdempotencyKey(keyHeaders);
+      try {
+        tenantId = parseIdentifier(await tenant(req), 'the tenant');
+      } catch (e) {
+        throw refusedAs(TITLES.tenantInvalid, e);
+      }
+      [callLease, callTtl, callWait] = await Promise.all(intervals.map((f) => f(req)));
     } catch (e) {
       return e instanceof Refused ? problem(res, 400, e.title, e.detail) : next(e);
     }
@@ -149,9 +197,9 @@ function idempotency({ pool, tenant = (req) => req.get('X-Client-Id'), lease = n
       await db.query('BEGIN');
       if (setting) await db.query(SET_TENANT_SQL, [setting, tenantId]);
       ({ rows: [claim] } = await db.query(
-        `SELECT outcome, token, response, ${bodyText('response')} AS body
-           FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval)`,
-        [tenantId, key, requestFingerprint(req), lease, ttl]));
+        `SELECT outcome, token, response, ${bodyText('response')} AS body, ${retryAfterSql('$4')} AS retry_after
+           FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
+        [tenantId, key, requestFingerprint(req), callLease ?? null, callTtl ?? null, callWait ?? null]));
       if (claim.outcome !== 'claimed') await db.query('COMMIT');
     } catch (e) {
       await finish(db, 'ROLLBACK');
@@ -162,19 +210,20 @@ function idempotency({ pool, tenant = (req) => req.get('X-Client-Id'), lease = n
       switch (claim.outcome) {
         case 'replay':
         case 'failed':
-          return sendStored(res, claim.response, claim.body, true);
+          return sendStored(res, claim.response, claim.body, true, responseHook);
         case 'in_progress':
-          return problem(res, 409, 'a request with this Idempotency-Key is still being processed',
-            'Retry later with the same key.', { 'Retry-After': '1' });
+          return problem(res, 409, TITLES.inProgress, 'Retry later with the same key.',
+            { 'Retry-After': String(claim.retry_after) });
         default: // mismatch
-          return problem(res, 422, 'this Idempotency-Key was used for a different request',
-            'A key must not be reused with another payload.');
+          return problem(res, 422, TITLES.mismatch, 'A key must not be reused with another payload.');
       }
     }
 
     // claimed: this request, and only this one, runs the route
     req.idempotency = { tenant: tenantId, key, token: claim.token, db };  // token: a string
-    holdAnswer(res, async (body) => settle(db, req.idempotency, res, body),
+    // headers set before the route (by earlier middleware) stay on the first answer, as on a replay
+    const store = { storeStatus, replayed, responseHook, earlier: new Set(res.getHeaderNames()) };
+    holdAnswer(res, async (body) => settle(db, req.idempotency, res, body, store),
       // the client went away before the route answered: close the connection, which
       // rolls back, so a route still running cannot write through a reused client
       () => db.release(new Error('the client went away before the answer')));
@@ -221,12 +270,13 @@ function holdAnswer(res, onAnswer, onAbandon) {
 
 function problemAfterFailure(res) {
   for (const name of res.getHeaderNames()) res.removeHeader(name);
-  problem(res, 500, 'internal error', 'Nothing was stored; retrying with the same key is safe.');
+  problem(res, 500, TITLES.internal, 'Nothing was stored; retrying with the same key is safe.');
 }
 
-/** Store the route's answer and COMMIT, then send it; a 5xx rolls everything back. */
-async function settle(db, { tenant, key, token }, res, body) {
-  if (res.statusCode >= 500) {
+/** Store the route's answer and COMMIT, then send it; an answer storeStatus refuses (a 5xx by
+ *  default) rolls everything back. */
+async function settle(db, { tenant, key, token }, res, body, { storeStatus, replayed, responseHook, earlier }) {
+  if (!storeStatus(res.statusCode)) {
     await finish(db, 'ROLLBACK');
     res.end(body);
     return;
@@ -238,14 +288,16 @@ async function settle(db, { tenant, key, token }, res, body) {
     // store it, and read back what was stored: the answer is rendered from that
     ({ rows: [stored] } = await db.query(
       `SELECT d.r AS response, ${bodyText('d.r')} AS body, ${fn} FROM (SELECT $4::jsonb) AS d(r)`,
-      [tenant, key, token, JSON.stringify(storedDocument(res, body))]));
+      [tenant, key, token, JSON.stringify(storedDocument(res, body, replayed))]));
     await db.query('COMMIT');
   } catch (e) {
     await finish(db, 'ROLLBACK');
     throw e;
   }
   db.release();
-  sendStored(res, stored.response, stored.body, false);
+  // the first answer carries the headers a replay will: the route's own only when allow-listed
+  for (const name of res.getHeaderNames()) if (!earlier.has(name) && !replayed.has(name)) res.removeHeader(name);
+  sendStored(res, stored.response, stored.body, false, responseHook);
 }
 
 /** End the transaction and give the client back (destroyed if the connection is broken). */

@@ -70,6 +70,9 @@ async function writes(tenant, key) {
   return row.n;
 }
 
+/** A query as PGUSER (what the checks read with). */
+const adminQuery = (text, values) => admin.query(text, values);
+
 async function record(tenant, key) {
   const { rows } = await admin.query(
     'SELECT status, token::text AS token, response FROM idempotency_records WHERE tenant_id = $1 AND key = $2',
@@ -105,5 +108,5 @@ function request(port, { method = 'POST', path = '/', headers = {}, body } = {})
 }
 
 module.exports = {
-  RUN, APP_USER, TENANT_SETTING, skipReason, database, closeAdmin, asTenant, writes, record, listen, request,
+  RUN, APP_USER, TENANT_SETTING, skipReason, database, closeAdmin, asTenant, writes, record, adminQuery, listen, request,
 };

@@ -36,7 +36,7 @@ class Payment(BaseModel):
 
 def make_app(pool, tenant_setting):
     app = FastAPI()
-    optional = Idempotency(pool, tenant="X-Client-Id", key_required=False, tenant_setting=tenant_setting)
+    optional = Idempotency(pool, tenant="X-Client-Id", raise_on_missing_key=False, tenant_setting=tenant_setting)
 
     @app.post("/payments")
     @optional(status_code=201)
@@ -51,13 +51,13 @@ def make_app(pool, tenant_setting):
     return app
 
 
-async def post(app, body, headers=(), errors=None):
-    """One POST /payments through the ASGI interface: (status, headers, body).
+async def post(app, body, headers=(), errors=None, path="/payments"):
+    """One POST to path through the ASGI interface: (status, headers, body).
     With a list as errors, an exception the app raises after answering (as
     FastAPI does after its 500) is appended to it instead of raised."""
     data = json.dumps(body).encode()
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-             "scheme": "http", "path": "/payments", "raw_path": b"/payments", "query_string": b"",
+             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
              "root_path": "", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
              "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
                          *[(k.lower().encode(), v.encode()) for k, v in headers]]}
@@ -87,6 +87,7 @@ def run(check, admin_dsn, app_dsn, tenant_setting=None):
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         admin.execute(SCHEMA)
         asyncio.run(check_optional_key(check, admin, app_dsn, tenant_setting))
+        asyncio.run(check_options(check, admin, app_dsn, tenant_setting))
 
 
 async def check_optional_key(check, admin, app_dsn, tenant_setting):
@@ -102,14 +103,14 @@ async def check_optional_key(check, admin, app_dsn, tenant_setting):
         s2, h2, b2 = await post(app, {"amount": 11})
         check(s1 == 201 and s2 == 201 and json.loads(b1)["keyed"] is False and b1 != b2
               and "idempotent-replayed" not in h2 and rows(11) == 2,
-              "fastapi key_required=False: a request without a key runs untouched, each time (two rows)",
+              "fastapi raise_on_missing_key=False: a request without a key runs untouched, each time (two rows)",
               f"{s1} {s2} {b1!r} {b2!r} {rows(11)}")
         count = admin.execute("SELECT count(*) FROM idempotency_records WHERE tenant_id = 'shop-1'").fetchone()[0]
-        check(count == 0, "fastapi key_required=False: nothing stored for requests without a key", f"{count}")
+        check(count == 0, "fastapi raise_on_missing_key=False: nothing stored for requests without a key", f"{count}")
 
         s, h, b = await post(app, {"amount": 600})
         check(s == 503 and rows(600) == 0,
-              "fastapi key_required=False: a 5xx without a key still rolls back the endpoint's insert",
+              "fastapi raise_on_missing_key=False: a 5xx without a key still rolls back the endpoint's insert",
               f"{s} {rows(600)}")
 
         keyed = (("Idempotency-Key", "pay-1"), ("X-Client-Id", "shop-1"))
@@ -117,10 +118,10 @@ async def check_optional_key(check, admin, app_dsn, tenant_setting):
         s2, h2, b2 = await post(app, {"amount": 12}, keyed)
         check(s1 == 201 and s2 == 201 and json.loads(b1)["keyed"] is True and b1 == b2
               and h2.get("idempotent-replayed") == "true" and rows(12) == 1,
-              "fastapi key_required=False: a request with a key is still claimed and replayed byte for byte",
+              "fastapi raise_on_missing_key=False: a request with a key is still claimed and replayed byte for byte",
               f"{s1} {s2} {b1!r} {b2!r} {h2}")
         s, h, b = await post(app, {"amount": 13}, (("Idempotency-Key", "k" * 256), ("X-Client-Id", "shop-1")))
-        check(s == 400 and rows(13) == 0, "fastapi key_required=False: a bad key is still refused with 400",
+        check(s == 400 and rows(13) == 0, "fastapi raise_on_missing_key=False: a bad key is still refused with 400",
               f"{s} {b!r}")
     finally:
         await pool.close()
@@ -150,3 +151,165 @@ async def check_tenant_setting(check, pool, tenant_setting, rows):
         check(status == 201 and state is None and rows(14) == 1,
               "fastapi, isolation off: an Idempotency made without tenant_setting runs the endpoint",
               f"{status} {state} {body[:200]!r}")
+
+
+# ---------------------------------------------------------------- the options shared with Node.js and Go
+
+# docs/integrations.md, "One behaviour in three packages": the same titles in every package
+TITLES = {400: "An Idempotency-Key header is required", "bad key": "The Idempotency-Key header is invalid",
+          409: "A request with this Idempotency-Key is still being processed",
+          422: "This Idempotency-Key was used for a different request"}
+
+
+def options_app(pool, tenant_setting, hooks):
+    """Endpoints under test of the options: wait, lease, per-call ttl,
+    store_status, replayed_headers, response_hook."""
+    app = FastAPI()
+
+    def hook(response, replayed):
+        hooks.append(replayed)
+        response.headers["X-Hook"] = "replay" if replayed else "first"
+
+    base = dict(tenant="X-Client-Id", tenant_setting=tenant_setting, response_hook=hook)
+    plain = Idempotency(pool, lease="40 seconds", ttl=lambda request: request.headers.get("X-Ttl"), **base)
+    waiting = Idempotency(pool, wait="5 seconds", **base)
+    only_2xx = Idempotency(pool, store_status=lambda status: 200 <= status < 300,
+                           replayed_headers=["X-Trace"], **base)
+
+    def answer(status, amount):
+        return JSONResponse({"amount": amount}, status_code=status,
+                            headers={"Location": f"/things/{amount}", "X-Trace": f"trace-{amount}"})
+
+    async def book(conn, payment, status):
+        await conn.execute("INSERT INTO optional_key_effects (key, amount) VALUES ('options', %s)", (payment.amount,))
+        return answer(status, payment.amount)
+
+    @app.post("/plain/{status}")
+    @plain
+    async def plain_endpoint(status: int, payment: Payment, conn: AsyncConnection):
+        return await book(conn, payment, status)
+
+    @app.post("/waiting")
+    @waiting(status_code=201)
+    async def waiting_endpoint(payment: Payment, conn: AsyncConnection):
+        return {"amount": payment.amount}
+
+    @app.post("/only-2xx/{status}")
+    @only_2xx
+    async def only_2xx_endpoint(status: int, payment: Payment, conn: AsyncConnection):
+        return await book(conn, payment, status)
+
+    return app
+
+
+async def check_options(check, admin, app_dsn, tenant_setting):
+    def rows(amount):
+        return admin.execute("SELECT count(*) FROM optional_key_effects WHERE amount = %s", (amount,)).fetchone()[0]
+
+    def stored(key):
+        return admin.execute("SELECT status, ttl FROM idempotency_records WHERE tenant_id = 'opt' AND key = %s",
+                             (key,)).fetchone()
+
+    def holder():
+        conn = psycopg.connect(app_dsn)
+        if tenant_setting:
+            conn.execute("SELECT set_config(%s, 'opt', false)", (tenant_setting,))
+            conn.commit()
+        return conn
+
+    def title(body):
+        return json.loads(body).get("title")
+
+    pool = AsyncConnectionPool(app_dsn, min_size=1, max_size=3, kwargs={"autocommit": True}, open=False)
+    await pool.open(wait=True)
+    hooks = []
+    app = options_app(pool, tenant_setting, hooks)
+    client = ("X-Client-Id", "opt")
+    try:
+        # titles
+        s1, _, b1 = await post(app, {"amount": 1}, (client,), path="/plain/201")
+        s2, _, b2 = await post(app, {"amount": 1}, (client, ("Idempotency-Key", "k" * 256)), path="/plain/201")
+        check(s1 == 400 and title(b1) == TITLES[400] and s2 == 400 and title(b2) == TITLES["bad key"],
+              "fastapi: the 400 titles are the three packages' (no key; an invalid key)", f"{b1!r} {b2!r}")
+
+        # per-call ttl, replayed_headers' default, response_hook
+        key = (client, ("Idempotency-Key", "opt-1"), ("X-Ttl", "3 days"))
+        s1, h1, b1 = await post(app, {"amount": 21}, key, path="/plain/201")
+        s2, h2, b2 = await post(app, {"amount": 21}, key, path="/plain/201")
+        rec = stored("opt-1")
+        check(s1 == s2 == 201 and b1 == b2 and rec is not None and str(rec[1]) in ("3 days, 0:00:00", "3 days"),
+              "fastapi: ttl as a function of the request sets this call's retention (3 days)", f"{s1} {s2} {rec}")
+        check(h1.get("location") == h2.get("location") == "/things/21" and "x-trace" not in h1 and "x-trace" not in h2,
+              "fastapi: the first answer and its replay carry the allow-listed headers only (Location by default,"
+              " not X-Trace)",
+              f"{h1} {h2}")
+        check(hooks[-2:] == [False, True] and h1.get("x-hook") == "first" and h2.get("x-hook") == "replay",
+              "fastapi: response_hook sees every answer and whether it is a replay", f"{hooks} {h1} {h2}")
+
+        # store_status: the default stores a deterministic 4xx, not a 409 or a 5xx
+        for status, key, expect in ((422, "opt-422", "failed"), (409, "opt-409", None), (503, "opt-503", None)):
+            amount, hooked = 30 + status, len(hooks)
+            r1 = await post(app, {"amount": amount}, (client, ("Idempotency-Key", key)), path=f"/plain/{status}")
+            r2 = await post(app, {"amount": amount}, (client, ("Idempotency-Key", key)), path=f"/plain/{status}")
+            rec = stored(key)
+            ok = r1[0] == r2[0] == status and (rec[0] if rec else None) == expect
+            ok = ok and hooks[hooked:] == ([False, True] if expect else [])   # no hook for an answer not stored
+            ok = ok and (r2[1].get("idempotent-replayed") == "true" if expect else
+                         "idempotent-replayed" not in r2[1] and rows(amount) == 0)
+            check(ok, f"fastapi: store_status by default {'stores and replays' if expect else 'does not store'}"
+                      f" a {status}" + ("" if expect else " (the endpoint's insert rolled back, a retry runs again)"),
+                  f"{r1[0]} {r2[0]} {rec} {r2[1]} rows {rows(amount)}")
+
+        # store_status and replayed_headers given
+        r1 = await post(app, {"amount": 40}, (client, ("Idempotency-Key", "opt-only-422")), path="/only-2xx/422")
+        r2 = await post(app, {"amount": 41}, (client, ("Idempotency-Key", "opt-only-201")), path="/only-2xx/201")
+        r3 = await post(app, {"amount": 41}, (client, ("Idempotency-Key", "opt-only-201")), path="/only-2xx/201")
+        check(r1[0] == 422 and stored("opt-only-422") is None and rows(40) == 0
+              and r3[1].get("idempotent-replayed") == "true" and r3[1].get("x-trace") == "trace-41"
+              and "location" not in r3[1],
+              "fastapi: store_status=2xx only leaves a 422 unstored; replayed_headers=['X-Trace'] replays X-Trace"
+              " and not Location", f"{r1[0]} {stored('opt-only-422')} {r3[1]}")
+
+        # 409: its title, Retry-After from the holder's lease
+        conn = holder()
+        try:
+            conn.execute("SELECT idem_claim('opt', 'opt-busy', lease => '20 seconds')")
+            conn.commit()                           # a committed claim: its lease end is known
+            s, h, b = await post(app, {"amount": 50}, (client, ("Idempotency-Key", "opt-busy")), path="/plain/201")
+            check(s == 409 and title(b) == TITLES[409] and h.get("retry-after", "").isdigit()
+                  and 18 <= int(h["retry-after"]) <= 20,
+                  "fastapi: 409 while a committed claim's lease runs: Retry-After is its remaining lease (<= 20 s)",
+                  f"{s} {h} {b!r}")
+            conn.execute("SELECT idem_claim('opt', 'opt-busy-2')")         # uncommitted: its lease end unknown
+            s, h, b = await post(app, {"amount": 51}, (client, ("Idempotency-Key", "opt-busy-2")), path="/plain/201")
+            check(s == 409 and h.get("retry-after") == "40",
+                  "fastapi: 409 while an uncommitted claim runs: Retry-After is a whole lease (this call's, 40 s)",
+                  f"{s} {h}")
+            conn.rollback()
+
+            # wait: the duplicate gets the original's answer when it comes within the wait
+            (token,) = conn.execute("SELECT token FROM idem_claim('opt', 'opt-wait')").fetchone()
+            done = asyncio.get_running_loop().call_later(0.3, lambda: (conn.execute(
+                "SELECT idem_complete('opt', 'opt-wait', %s, '{\"status\": 201, \"body\": {\"amount\": 60}}')",
+                (token,)), conn.commit()))
+            s, h, b = await post(app, {"amount": 60}, (client, ("Idempotency-Key", "opt-wait")), path="/waiting")
+            done.cancel()
+            check(s == 201 and h.get("idempotent-replayed") == "true" and json.loads(b) == {"amount": 60},
+                  "fastapi: with wait, a duplicate during the first attempt gets its answer (a replay)",
+                  f"{s} {h} {b!r}")
+        finally:
+            conn.close()
+        s1, _, _ = await post(app, {"amount": 70}, (client, ("Idempotency-Key", "opt-mm")), path="/plain/201")
+        s2, _, b2 = await post(app, {"amount": 71}, (client, ("Idempotency-Key", "opt-mm")), path="/plain/201")
+        check(s1 == 201 and s2 == 422 and title(b2) == TITLES[422], "fastapi: the 422 title is the three packages'",
+              f"{s2} {b2!r}")
+    finally:
+        await pool.close()
+
+    try:
+        Idempotency(pool)(lambda payment: payment)
+        e = None
+    except TypeError as exc:
+        e = exc
+    check(e is not None and "async def" in str(e),
+          "fastapi: a sync def endpoint is refused when decorated, saying to make it async def", repr(e))

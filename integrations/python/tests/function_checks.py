@@ -92,7 +92,7 @@ def handlers(tenant_setting):
         return None                                   # nothing to return is a result too
 
     @idempotent_function(key=lambda job: None if job.job_id is None else f"job-{job.job_id}", payload_validation="*",
-                         tenant="jobs", event_argument="job", connection_argument="db", key_required=False,
+                         tenant="jobs", event_argument="job", connection_argument="db", raise_on_missing_key=False,
                          tenant_setting=tenant_setting)
     def run_job(job: Job, db, attempt: int = 1):
         ran("run_job")
@@ -156,6 +156,7 @@ def run(check, admin_dsn, app_dsn, tenant_setting=None):
         check_failures(check, admin, app)
         check_in_progress(check, admin, app, app_dsn)
         check_caller_transaction(check, admin, app)
+        check_results_and_options(check, admin, app)
         check_concurrent(check, admin, app_dsn)
         asyncio.run(check_async(check, admin, app_dsn))
     finally:
@@ -170,7 +171,8 @@ def check_tenant_setting(check, admin, app):
     (55000: the setting is not set, or 42501), runs nothing and stores
     nothing; with isolation off it runs."""
     for bad in ("tenant", "app.x'); DROP TABLE consumer_effects; --", 1):
-        e = raises(ValueError, lambda: idempotent_function(key="id", tenant_setting=bad)(lambda conn, event: None))
+        e = raises(ValueError,
+                   lambda: idempotent_function(key="id", tenant="t", tenant_setting=bad)(lambda conn, event: None))
         check(isinstance(e, ValueError) and "tenant_setting" in str(e),
               f"consumer: tenant_setting={bad!r} is refused when the function is decorated", repr(e))
 
@@ -257,7 +259,7 @@ def check_paths_tenants_results(check, admin, app):
     h.run_job(Job(None, {}), app)
     check(calls["run_job"] == 3 and effects(admin, "run_job") == before + 2
           and record(admin, "jobs", "job-None") is None,
-          "consumer: key_required=False runs an event without a key untouched, every time, storing nothing",
+          "consumer: raise_on_missing_key=False runs an event without a key untouched, every time, storing nothing",
           f"{calls}")
 
     @idempotent_function(key="id", tenant="strict")
@@ -270,7 +272,7 @@ def check_paths_tenants_results(check, admin, app):
     e = raises(IdempotencyKeyError, lambda: strict(app, {"id": "k" * 256}))
     check(isinstance(e, IdempotencyKeyError) and "256 bytes" in str(e) and "strict" not in calls,
           "consumer: a key over 255 bytes raises IdempotencyKeyError before any claim", repr(e))
-    e = raises(ValueError, lambda: idempotent_function(key="a..b")(lambda conn, event: None))
+    e = raises(ValueError, lambda: idempotent_function(key="a..b", tenant="t")(lambda conn, event: None))
     check(e is not None, "consumer: an invalid field path is refused when the function is decorated", repr(e))
     e = raises(TypeError, lambda: strict("not a connection", {"id": "x"}))
     check(e is not None and "psycopg.Connection" in str(e), "consumer: calling without a connection is a TypeError",
@@ -311,8 +313,10 @@ def check_in_progress(check, admin, app, app_dsn):
         holder.execute("SELECT idem_claim('billing', 'o-busy')")     # held, uncommitted
         before = calls["charge"]
         e = raises(IdempotencyInProgressError, lambda: h.charge(app, {"order_id": "o-busy", "amount": 3}))
-        check(isinstance(e, IdempotencyInProgressError) and calls["charge"] == before,
-              "consumer: a key another transaction holds raises IdempotencyInProgressError", repr(e))
+        check(isinstance(e, IdempotencyInProgressError) and calls["charge"] == before and e.retry_after == 300,
+              "consumer: a key another transaction holds raises IdempotencyInProgressError, retry_after a whole"
+              " lease (the holder's claim is uncommitted; the server's 5 minutes)",
+              f"{e!r} {getattr(e, 'retry_after', None)}")
         holder.rollback()
         result = h.charge(app, {"order_id": "o-busy", "amount": 3})
         check(result == {"charged": 3, "currency": "EUR"} and calls["charge"] == before + 1,
@@ -373,6 +377,55 @@ def check_concurrent(check, admin, app_dsn):
     check(not wrong and calls["slow"] == keys and counts == [1] * keys,
           f"consumer: {keys} keys x {copies} concurrent deliveries: one execution per key, every delivery"
           " returns its result", f"{calls['slow']} executions, rows {counts}, wrong {wrong[:3]}")
+
+
+def check_results_and_options(check, admin, app):
+    """The first call and a replay return the same type; output_serializer,
+    response_hook, a per-call ttl, the tenant required."""
+    seen = []
+
+    @idempotent_function(key="job_id", tenant="results", tenant_setting=setting)
+    def as_json(conn, job: Job):
+        return job
+
+    @idempotent_function(key="job_id", tenant="results-typed", output_serializer=Job,
+                         response_hook=lambda result, replayed: seen.append(replayed) or result,
+                         ttl=lambda job: f"{job.job_id} days", tenant_setting=setting)
+    def as_job(conn, job: Job):
+        return job
+
+    first, again = as_json(app, Job(1, {"n": 1})), as_json(app, Job(1, {"n": 1}))
+    check(first == again == {"job_id": 1, "payload": {"n": 1}},
+          "consumer: a dataclass result comes back as the stored JSON on the first call as on a replay",
+          f"{first!r} {again!r}")
+    first, again = as_job(app, Job(2, {"n": 2})), as_job(app, Job(2, {"n": 2}))
+    rec = record(admin, "results-typed", "2")
+    check(first == again == Job(2, {"n": 2}) and type(first) is type(again) is Job,
+          "consumer: output_serializer=Job makes the first call and a replay return a Job", f"{first!r} {again!r}")
+    check(seen == [False, True], "consumer: response_hook sees whether the result is a replay", f"{seen}")
+    check(rec is not None and str(rec[2]) in ("2 days, 0:00:00", "2 days"),
+          "consumer: ttl as a function of the event sets this call's retention (2 days)", f"{rec}")
+    try:
+        from pydantic import BaseModel
+
+        class Order(BaseModel):
+            order_id: str
+            amount: int
+
+        @idempotent_function(key="order_id", tenant="results-pydantic", output_serializer=Order,
+                             tenant_setting=setting)
+        def as_model(conn, event):
+            return Order(**event)
+
+        first, again = as_model(app, {"order_id": "p-1", "amount": 3}), as_model(app, {"order_id": "p-1", "amount": 3})
+        check(type(first) is type(again) is Order and first == again and again.amount == 3,
+              "consumer: output_serializer=<a pydantic model> returns the model the first time and on a replay",
+              f"{first!r} {again!r}")
+    except ImportError:
+        pass
+    e = raises(TypeError, lambda: idempotent_function(key="id")(lambda conn, event: None))
+    check(isinstance(e, TypeError) and "tenant=" in str(e),
+          "consumer: a function decorated without tenant= is refused when decorated (no default tenant)", repr(e))
 
 
 async def check_async(check, admin, app_dsn):

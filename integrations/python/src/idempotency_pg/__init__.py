@@ -12,8 +12,10 @@ from .core import (IdempotencyError, IdempotencyInProgressError, IdempotencyKeyE
                    IdempotencyPayloadMismatchError, IdempotencyStoredFailureError)
 from .function import idempotent_function
 
-__version__ = "1.1.0"
+__version__ = "2.0.0"
+# the oldest extension version this package works with (idem_claim's wait and expires_at)
+EXTENSION_VERSION = "1.2"
 
 __all__ = ["IdempotencyError", "IdempotencyInProgressError", "IdempotencyKeyError",
            "IdempotencyPayloadMismatchError", "IdempotencyStoredFailureError", "idempotent_function",
-           "__version__"]
+           "__version__", "EXTENSION_VERSION"]

@@ -23,6 +23,31 @@ SETTING_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*(?:\.[A-Za-z_][A-Za-z0-9_$]*)
 # pooling.  Name and tenant are bind parameters.
 SET_TENANT_SQL = "SELECT pg_catalog.set_config(%s, %s, true)"
 
+# The same in the Python, Node.js and Go packages (docs/integrations.md,
+# "One behaviour in three packages"): the titles of the problem documents...
+TITLE_KEY_REQUIRED = "An Idempotency-Key header is required"
+TITLE_KEY_INVALID = "The Idempotency-Key header is invalid"
+TITLE_TENANT_INVALID = "The tenant is invalid"
+TITLE_IN_PROGRESS = "A request with this Idempotency-Key is still being processed"
+TITLE_MISMATCH = "This Idempotency-Key was used for a different request"
+# ...the headers a stored answer keeps and replays (an allow-list, lower case)...
+DEFAULT_REPLAYED_HEADERS = ("location", "content-location", "link")
+# ...and Retry-After of a 409: the seconds left of the holder's lease (or, when
+# the holder has not committed its claim yet, of a whole lease: this call's, or
+# the server's idempotency.lease), at least 1.  %s is the call's lease.
+RETRY_AFTER_SQL = ("greatest(1, ceil(extract(epoch FROM coalesce(expires_at - clock_timestamp(), %s::interval,"
+                   " current_setting('idempotency.lease', true)::interval, interval '5 minutes'))))::int")
+# 4xx answers that may differ on a retry (the IETF draft's advice: never store a 409)
+NOT_DETERMINISTIC_4XX = frozenset({408, 409, 425, 429})
+
+
+def default_store_status(status: int) -> bool:
+    """Which answers are stored and replayed by default: 2xx and 3xx, and the
+    deterministic 4xx (not 408, 409, 425, 429); never a 5xx.  An answer not
+    stored rolls back the handler's writes with the claim, so a retry runs
+    again."""
+    return 200 <= status < 400 or (400 <= status < 500 and status not in NOT_DETERMINISTIC_4XX)
+
 
 class IdempotencyError(Exception):
     """Base class of every exception this package raises on purpose."""
@@ -36,12 +61,15 @@ class IdempotencyKeyError(IdempotencyError, ValueError):
 class IdempotencyInProgressError(IdempotencyError):
     """Another transaction holds the key: the original is still running (or
     committed a claim whose lease is live).  Retry later with the same key;
-    a queue consumer should nack or requeue with a delay."""
+    a queue consumer should nack or requeue with a delay: retry_after
+    seconds at most (the holder's lease left, or a whole lease while the
+    holder has not committed its claim), as an HTTP 409's Retry-After."""
 
-    def __init__(self, tenant: str, key: str, lease_expires_at=None):
+    def __init__(self, tenant: str, key: str, lease_expires_at=None, retry_after: Optional[int] = None):
         super().__init__(f'The idempotency key "{key}" of tenant "{tenant}" is being processed'
                          " by another transaction; retry later.")
         self.tenant, self.key, self.lease_expires_at = tenant, key, lease_expires_at
+        self.retry_after = retry_after
 
 
 class IdempotencyPayloadMismatchError(IdempotencyError):
@@ -92,6 +120,18 @@ def check_tenant_setting(name: Optional[str]) -> Optional[str]:
         raise ValueError(f"tenant_setting must name a custom setting such as 'app.tenant' (two or more"
                          f" dot-separated identifiers), not {name!r}.")
     return name
+
+
+def interval_text(value: Any, what: str = "An interval") -> Optional[str]:
+    """None, or interval text for PostgreSQL from '5 minutes', a number of
+    seconds or a datetime.timedelta."""
+    if value is None or isinstance(value, str):
+        return value
+    if hasattr(value, "total_seconds"):
+        value = value.total_seconds()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value} seconds"
+    raise TypeError(f"{what} must be an interval such as '5 minutes', seconds or a timedelta, not {value!r}.")
 
 
 def jsonable(value: Any) -> Any:

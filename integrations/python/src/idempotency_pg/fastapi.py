@@ -9,11 +9,13 @@ writes and the stored response in ONE database transaction.
                    (4xx: a business failure, stored and replayed)
       replay       the stored status and body, Idempotent-Replayed: true
       failed       the stored failure,          Idempotent-Replayed: true
-      in_progress  409 + Retry-After: 1 (the original is still running)
+      in_progress  409 + Retry-After: the seconds left of the original's lease
+                   (with wait, after waiting that long for its answer)
       mismatch     422 (the key was used for another request)
     COMMIT
 
-If the endpoint raises (HTTPException included) or returns a 5xx, the
+If the endpoint raises (HTTPException included) or returns an answer that
+store_status refuses (by default a 5xx, 408, 409, 425 or 429), the
 transaction rolls back: its writes and the claim disappear together, nothing
 is stored, and a retry with the same key simply runs again.
 
@@ -49,12 +51,14 @@ from psycopg import AsyncConnection, Rollback
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
-from .core import SET_TENANT_SQL, IdempotencyKeyError, check_identifier, check_tenant_setting, sha256_hex
+from .core import (DEFAULT_REPLAYED_HEADERS, RETRY_AFTER_SQL, SET_TENANT_SQL, TITLE_IN_PROGRESS, TITLE_KEY_INVALID,
+                   TITLE_KEY_REQUIRED, TITLE_MISMATCH, TITLE_TENANT_INVALID, IdempotencyKeyError, check_identifier,
+                   check_tenant_setting, default_store_status, interval_text, sha256_hex)
 
-__all__ = ["Claim", "Idempotency", "fingerprint", "parse_idempotency_key", "problem"]
+__all__ = ["DEFAULT_REPLAYED_HEADERS", "Claim", "Idempotency", "default_store_status", "fingerprint",
+           "parse_idempotency_key", "problem"]
 
 SF_STRING = re.compile(r'"((?:[^"\\]|\\["\\])*)"')      # RFC 8941 sf-string
-NOT_REPLAYED_HEADERS = {"content-length", "content-type", "date", "server", "transfer-encoding"}
 # The body to send, as PostgreSQL prints the stored jsonb (the whole document if it is not ours)
 BODY_TEXT = "coalesce({0}->'body', {0})::text"
 
@@ -109,8 +113,9 @@ def fingerprint(request: Request, body: bytes) -> str:
     return sha256_hex(f"{request.method} {target}\n".encode() + body)
 
 
-async def stored_document(result: Any, status_code: int) -> dict:
-    """The endpoint's answer as the document kept in idempotency_records.response."""
+async def stored_document(result: Any, status_code: int, replayed_headers=DEFAULT_REPLAYED_HEADERS) -> dict:
+    """The endpoint's answer as the document kept in idempotency_records.response;
+    of its headers, those named in replayed_headers (lower case)."""
     if not isinstance(result, Response):
         return {"status": status_code, "body": jsonable_encoder(result)}
     body = getattr(result, "body", None)
@@ -118,7 +123,7 @@ async def stored_document(result: Any, status_code: int) -> dict:
         body = b"".join([c if isinstance(c, bytes) else c.encode() async for c in result.body_iterator])
     doc = {"status": result.status_code}
     content_type = result.headers.get("content-type", "")
-    headers = {k: v for k, v in result.headers.items() if k not in NOT_REPLAYED_HEADERS}
+    headers = {k: v for k, v in result.headers.items() if k in replayed_headers}
     if headers:
         doc["headers"] = headers
     try:
@@ -157,6 +162,15 @@ def as_response(result: Any, status_code: int) -> Response:
                     media_type="application/json")
 
 
+def _per_call(value, what):
+    """An interval option: None, interval text ('5 minutes'), seconds, a
+    timedelta, or a function of the Request returning one of those (per call)."""
+    if callable(value):
+        return value
+    text = interval_text(value, what)
+    return lambda request: text
+
+
 class Idempotency:
     """Configures the decorator once per application.
 
@@ -166,11 +180,27 @@ class Idempotency:
     tenant:       whose keys these are.  A header name (str) or a FastAPI
                   dependency (a callable; it may depend on your
                   authentication, e.g. return the authenticated principal's id).
-    lease, ttl:   passed to idem_claim ('5 minutes'; None: the server's defaults).
-    key_required: True (default): a request without an Idempotency-Key
+    lease, ttl:   passed to idem_claim ('5 minutes', seconds, a timedelta, or
+                  a function of the Request returning one: per call; None:
+                  the server's defaults).
+    wait:         how long a duplicate waits for the original's answer
+                  (same forms; default None: answer 409 at once).  An answer
+                  that comes within the wait is replayed; else 409.
+    raise_on_missing_key: True (default): a request without an Idempotency-Key
                   header is refused with 400.  False: it runs the endpoint
                   untouched (no claim, nothing stored, no replay), still in
                   one transaction that a raise or a 5xx rolls back; Claim is None.
+                  (key_required is the older name of this option.)
+    store_status: which answers are stored and replayed, a function of the
+                  status (default default_store_status: 2xx, 3xx and the
+                  deterministic 4xx; never 5xx, 408, 409, 425, 429).  An answer
+                  not stored is sent once and its writes rolled back with the claim.
+    replayed_headers: the response headers stored and replayed (an
+                  allow-list, case-insensitive; default location,
+                  content-location, link).  Content-Type is always kept.
+    response_hook: a function (response, replayed) called with every stored
+                  answer (the first, replayed False) and every replay before
+                  it is sent; it may change the response or return another one.
     tenant_setting: with tenant isolation on (idem_set_tenant_isolation(true,
                   'app.tenant')), the setting its policy reads: the claim's
                   transaction runs set_config(tenant_setting, tenant, true)
@@ -179,11 +209,26 @@ class Idempotency:
     """
 
     def __init__(self, pool, *, tenant: Union[str, Callable] = "X-Client-Id",
-                 lease: Optional[str] = None, ttl: Optional[str] = None, key_required: bool = True,
-                 tenant_setting: Optional[str] = None):
+                 lease=None, ttl=None, wait=None, raise_on_missing_key: bool = True,
+                 key_required: Optional[bool] = None, tenant_setting: Optional[str] = None,
+                 store_status: Callable[[int], bool] = default_store_status,
+                 replayed_headers=DEFAULT_REPLAYED_HEADERS, response_hook: Optional[Callable] = None):
         self._pool = pool if callable(pool) and not hasattr(pool, "connection") else (lambda: pool)
-        self.tenant, self.lease, self.ttl, self.key_required = tenant, lease, ttl, key_required
+        if not (callable(tenant) or (isinstance(tenant, str) and tenant)):
+            raise TypeError("tenant must be a header name or a FastAPI dependency (a function).")
+        self.tenant = tenant
+        self.intervals = (_per_call(lease, "lease"), _per_call(ttl, "ttl"), _per_call(wait, "wait"))
+        self.static_intervals = tuple(None if callable(v) else interval_text(v, n)
+                                      for v, n in ((lease, "lease"), (ttl, "ttl"), (wait, "wait")))
+        self.key_required = raise_on_missing_key if key_required is None else key_required
         self.tenant_setting = check_tenant_setting(tenant_setting)
+        if not callable(store_status):
+            raise TypeError("store_status must be a function of the status code (default_store_status).")
+        self.store_status = store_status
+        if isinstance(replayed_headers, str) or not all(isinstance(h, str) for h in replayed_headers):
+            raise TypeError("replayed_headers must be a list of header names.")
+        self.replayed_headers = frozenset(h.lower() for h in replayed_headers)
+        self.response_hook = response_hook
 
     def __call__(self, func: Optional[Callable] = None, *, status_code: int = 200):
         """@idempotent or @idempotent(status_code=201): status_code is used when
@@ -194,7 +239,10 @@ class Idempotency:
 
     def _wrap(self, func: Callable, status_code: int) -> Callable:
         if not inspect.iscoroutinefunction(func):
-            raise TypeError(f"@idempotent needs an async endpoint (it gets an AsyncConnection): {func.__name__}")
+            raise TypeError(f"@idempotent supports async endpoints only, and {func.__qualname__} is a plain def:"
+                            " the claim, the endpoint's writes and the stored answer share one AsyncConnection."
+                            " Make it `async def`; for blocking work, `await run_in_threadpool(...)` inside it,"
+                            " or use idempotent_function with a psycopg.Connection.")
         signature = inspect.signature(func, eval_str=True)
         conn_param = claim_param = None
         visible = []
@@ -227,27 +275,39 @@ class Idempotency:
 
             try:
                 key = parse_idempotency_key(request.headers.getlist("idempotency-key"))
-                if key is not None:
-                    tenant = check_identifier(tenant, "tenant", printable_ascii=True)
             except IdempotencyKeyError as e:
-                return problem(400, str(e))
+                return problem(400, TITLE_KEY_INVALID, str(e))
             if key is None:
                 if not self.key_required:
                     return await self.run_without_key(handler, status_code)
-                return problem(400, "An Idempotency-Key header is required.",
-                               "Send a unique key per operation, e.g. a UUID v4.")
+                return problem(400, TITLE_KEY_REQUIRED, "Send a unique key per operation, e.g. a UUID v4.")
+            try:
+                tenant = check_identifier(tenant, "tenant", printable_ascii=True)
+            except IdempotencyKeyError as e:
+                return problem(400, TITLE_TENANT_INVALID, str(e))
             fp = fingerprint(request, await request.body())
-            return await self.run(tenant, key, fp, handler, status_code)
+            return await self.run(tenant, key, fp, handler, status_code,
+                                  intervals=tuple(interval_text(f(request), n) for f, n in
+                                                  zip(self.intervals, ("lease", "ttl", "wait"))))
 
         endpoint.__signature__ = signature.replace(parameters=visible)
         del endpoint.__wrapped__          # FastAPI must see the signature above, not func's
         return endpoint
 
     async def run(self, tenant: str, key: str, fp: Optional[str], handler: Callable,
-                  status_code: int = 200) -> Response:
+                  status_code: int = 200, intervals=None) -> Response:
         """One idempotent execution: claim, handler(conn, claim), store, all in
         one transaction.  Usable without the decorator (e.g. from a plain
-        Starlette endpoint)."""
+        Starlette endpoint).  intervals: (lease, ttl, wait) as interval text,
+        default the Idempotency's (functions of the request are not called here)."""
+        lease, ttl, wait = intervals or self.static_intervals
+        response, replayed = await self._run(tenant, key, fp, handler, status_code, lease, ttl, wait)
+        if self.response_hook is not None and replayed is not None:
+            response = self.response_hook(response, replayed) or response
+        return response
+
+    async def _run(self, tenant, key, fp, handler, status_code, lease, ttl, wait):
+        """(the answer, whether it is a replay: None for a 409, a 422 or an answer not stored)."""
         answer = None
         async with self._pool().connection() as conn:
             async with conn.transaction():
@@ -255,23 +315,22 @@ class Idempotency:
                 if self.tenant_setting:
                     await cur.execute(SET_TENANT_SQL, (self.tenant_setting, tenant))
                 await cur.execute(
-                    f"SELECT outcome, token, response, {BODY_TEXT.format('response')} FROM idem_claim("
-                    "%s, %s, %s, lease => %s::interval, ttl => %s::interval)",
-                    (tenant, key, fp, self.lease, self.ttl))
-                outcome, token, stored, body = await cur.fetchone()
+                    f"SELECT outcome, token, response, {BODY_TEXT.format('response')}, {RETRY_AFTER_SQL}"
+                    " FROM idem_claim(%s, %s, %s, lease => %s::interval, ttl => %s::interval, wait => %s::interval)",
+                    (lease, tenant, key, fp, lease, ttl, wait))
+                outcome, token, stored, body, retry_after = await cur.fetchone()
                 if outcome in ("replay", "failed"):
-                    return render(stored, body, replayed=True)
+                    return render(stored, body, replayed=True), True
                 if outcome == "in_progress":
-                    return problem(409, "A request with this Idempotency-Key is still being processed.",
-                                   "Retry later with the same key.", {"Retry-After": "1"})
+                    return problem(409, TITLE_IN_PROGRESS, "Retry later with the same key.",
+                                   {"Retry-After": str(retry_after)}), None
                 if outcome == "mismatch":
-                    return problem(422, "This Idempotency-Key was used for a different request.",
-                                   "A key must not be reused with another payload.")
+                    return problem(422, TITLE_MISMATCH, "A key must not be reused with another payload."), None
 
                 # claimed: this request, and only this one, runs the endpoint
                 result = await handler(conn, Claim(tenant, key, token))
-                doc = await stored_document(result, status_code)
-                if doc["status"] >= 500:      # the endpoint gave up: store nothing, undo its writes
+                doc = await stored_document(result, status_code, self.replayed_headers)
+                if not self.store_status(doc["status"]):   # by default a 5xx: store nothing, undo its writes
                     answer = result if isinstance(result, Response) else \
                         render(doc, compact_json(doc.get("body")).decode(), replayed=False)
                     raise Rollback()
@@ -281,7 +340,9 @@ class Idempotency:
                 await cur.execute(f"SELECT d.r, {BODY_TEXT.format('d.r')}, {settle}"
                                   " FROM (SELECT %s::jsonb) AS d(r)", (tenant, key, token, Jsonb(doc)))
                 stored, body, _ = await cur.fetchone()
-            return answer or render(stored, body, replayed=False)
+            if answer is not None:      # not stored: sent as it is, no hook (as in Node.js and Go)
+                return answer, None
+            return render(stored, body, replayed=False), False
 
     async def run_without_key(self, handler: Callable, status_code: int = 200) -> Response:
         """A request without a key (key_required=False): the endpoint runs as

@@ -1,7 +1,7 @@
 """@idempotent_function: run any function that takes a psycopg 3 connection
 at most once per (tenant, key): queue consumers, scheduled jobs, webhooks.
 
-    @idempotent_function(key="order_id", payload_validation=["order_id", "amount"])
+    @idempotent_function(key="order_id", tenant="billing", payload_validation=["order_id", "amount"])
     def charge(conn: psycopg.Connection, event: dict) -> dict:
         conn.execute("INSERT INTO charges ...")     # same transaction as the claim
         return {"charge_id": ...}                   # stored; returned again on a duplicate
@@ -10,7 +10,8 @@ One transaction on the function's own connection:
 
     idem_claim(tenant, key, fingerprint)
       claimed      call the function, store {"result": its return value} with
-                   idem_complete; its writes, the claim and the result commit together
+                   idem_complete; its writes, the claim and the result commit
+                   together; return the result as stored (JSON read back)
       replay       return the stored result without calling the function
       in_progress  raise IdempotencyInProgressError  (nack / requeue with a delay)
       mismatch     raise IdempotencyPayloadMismatchError (dead-letter)
@@ -19,6 +20,7 @@ One transaction on the function's own connection:
 If the function raises, the transaction rolls back: its writes and the claim
 disappear together, and the next delivery runs it again.
 """
+import dataclasses
 import functools
 import inspect
 import json
@@ -28,39 +30,58 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
-from .core import (SET_TENANT_SQL, IdempotencyInProgressError, IdempotencyKeyError,
+from .core import (RETRY_AFTER_SQL, SET_TENANT_SQL, IdempotencyInProgressError, IdempotencyKeyError,
                    IdempotencyPayloadMismatchError, IdempotencyStoredFailureError, check_identifier,
-                   check_tenant_setting, jsonable, payload_fingerprint, value_getter)
+                   check_tenant_setting, interval_text, jsonable, payload_fingerprint, value_getter)
 
 __all__ = ["idempotent_function"]
 
-CLAIM_SQL = ("SELECT outcome, token, response, expires_at FROM idem_claim(%s, %s, %s,"
+# the first parameter is the call's lease, for Retry-After (as the HTTP integration's 409 says it)
+CLAIM_SQL = (f"SELECT outcome, token, response, expires_at, {RETRY_AFTER_SQL} FROM idem_claim(%s, %s, %s,"
              " lease => %s::interval, ttl => %s::interval, wait => %s::interval)")
-COMPLETE_SQL = "SELECT idem_complete(%s, %s, %s, response => %s)"
+# store the result and read back what was stored: the first call returns what every replay returns
+COMPLETE_SQL = "SELECT d.r FROM (SELECT %s::jsonb) AS d(r), idem_complete(%s, %s, %s, response => d.r)"
 CONNECTIONS = (psycopg.Connection, psycopg.AsyncConnection)
-Interval = Union[None, str]
+_REQUIRED = object()
 
 
-def _interval(value) -> Optional[str]:
-    """'5 minutes', a number of seconds, or a datetime.timedelta as PostgreSQL interval text."""
-    if value is None or isinstance(value, str):
-        return value
-    if hasattr(value, "total_seconds"):
-        value = value.total_seconds()
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return f"{value} seconds"
-    raise TypeError(f"An interval must be a string such as '5 minutes', seconds or a timedelta, not {value!r}.")
+def _per_call(value, what):
+    """ttl, lease, wait: interval text, seconds, a timedelta, None, or a
+    function of the event returning one of those (per call)."""
+    if callable(value):
+        return lambda event: interval_text(value(event), what)
+    text = interval_text(value, what)
+    return lambda event: text
+
+
+def _serializer(spec) -> Optional[Callable[[Any], Any]]:
+    """output_serializer: None (the JSON as stored), a pydantic model class, a
+    dataclass, or a function of the stored JSON."""
+    if spec is None:
+        return None
+    if isinstance(spec, type) and hasattr(spec, "model_validate"):          # pydantic 2
+        return spec.model_validate
+    if isinstance(spec, type) and hasattr(spec, "parse_obj"):               # pydantic 1
+        return spec.parse_obj
+    if isinstance(spec, type) and dataclasses.is_dataclass(spec):
+        return lambda data: spec(**data)
+    if callable(spec):
+        return spec
+    raise TypeError("output_serializer must be a pydantic model, a dataclass or a function of the stored JSON.")
 
 
 def idempotent_function(func: Optional[Callable] = None, *,
                         key: Union[str, Callable[[Any], Any]],
+                        tenant: Union[str, Callable[[Any], Any]] = _REQUIRED,
                         payload_validation: Union[None, str, Iterable[str], Callable[[Any], Any]] = None,
-                        tenant: Union[None, str, Callable[[Any], Any]] = None,
                         ttl=None, lease=None, wait=None,
                         event_argument: Optional[str] = None,
                         connection_argument: Optional[str] = None,
-                        key_required: bool = True,
+                        raise_on_missing_key: bool = True,
+                        key_required: Optional[bool] = None,
                         encoder: Optional[Callable[[Any], Any]] = None,
+                        output_serializer=None,
+                        response_hook: Optional[Callable[[Any, bool], Any]] = None,
                         tenant_setting: Optional[str] = None):
     """Make func run at most once per (tenant, key).
 
@@ -72,10 +93,12 @@ def idempotent_function(func: Optional[Callable] = None, *,
                         IdempotencyPayloadMismatchError): None (default, no
                         comparison), "*" (the whole event), a path, a list of
                         paths, or a function of the event.
-    tenant              whose keys these are: a string, or a function of the
-                        event.  Default: the function's module and qualified
-                        name, so two consumers never share keys by accident.
-    ttl, lease, wait    passed to idem_claim: '1 day', seconds or a timedelta;
+    tenant              whose keys these are (required): a string, or a
+                        function of the event.  Name it yourself (the
+                        consumer group, the queue) so a refactoring cannot
+                        change it.
+    ttl, lease, wait    passed to idem_claim: '1 day', seconds, a timedelta,
+                        or a function of the event returning one (per call);
                         None takes the server's defaults.  wait > 0 makes a
                         duplicate wait that long for the original to finish
                         and return its result instead of raising in_progress.
@@ -83,12 +106,21 @@ def idempotent_function(func: Optional[Callable] = None, *,
                         the first parameter that is not the connection).
     connection_argument the name of the connection parameter (default: the
                         argument that is a psycopg Connection/AsyncConnection).
-    key_required        False: an event without a key (None or missing) runs
-                        the function without a claim, storing nothing (still
-                        in a transaction of its own that a raise rolls back).
+    raise_on_missing_key  True (default): an event without a key raises
+                        IdempotencyKeyError.  False: it runs the function
+                        without a claim, storing nothing (still in a
+                        transaction of its own that a raise rolls back).
+                        key_required is the older name of this option.
     encoder             json.dumps' default for the result and fingerprint
                         (default: dataclasses, pydantic models, dates,
                         decimals, UUIDs, sets).
+    output_serializer   what the stored JSON is turned into, on the first
+                        call as on every replay: a pydantic model, a
+                        dataclass or a function of the JSON.  Default None:
+                        the JSON as stored (dicts, lists, strings, numbers).
+    response_hook       a function (result, replayed) called with every
+                        result; what it returns is returned.  replayed is
+                        True when the function did not run (a duplicate).
     tenant_setting      with tenant isolation on (idem_set_tenant_isolation(true,
                         'app.tenant')), the setting its policy reads: the
                         transaction runs set_config(tenant_setting, tenant,
@@ -96,61 +128,72 @@ def idempotent_function(func: Optional[Callable] = None, *,
 
     The function may be sync (psycopg.Connection) or async
     (psycopg.AsyncConnection).  Its return value must be JSON-serializable;
-    on a duplicate the stored result is returned, as JSON decodes it.
+    the first call and every duplicate return the stored JSON (through
+    output_serializer when given), so they return the same type.
     """
+    if tenant is _REQUIRED:
+        raise TypeError("idempotent_function needs tenant=: a string naming the consumer (its group, its queue)"
+                        " or a function of the event.")
+    options = dict(key=key, payload_validation=payload_validation, tenant=tenant, ttl=ttl, lease=lease, wait=wait,
+                   event_argument=event_argument, connection_argument=connection_argument,
+                   raise_on_missing_key=raise_on_missing_key if key_required is None else key_required,
+                   encoder=encoder, output_serializer=output_serializer, response_hook=response_hook,
+                   tenant_setting=tenant_setting)
     if func is None:
-        return functools.partial(idempotent_function, key=key, payload_validation=payload_validation,
-                                 tenant=tenant, ttl=ttl, lease=lease, wait=wait,
-                                 event_argument=event_argument, connection_argument=connection_argument,
-                                 key_required=key_required, encoder=encoder, tenant_setting=tenant_setting)
-    settings = _Settings(func, key, payload_validation, tenant, ttl, lease, wait,
-                         event_argument, connection_argument, key_required, encoder, tenant_setting)
+        return lambda f: _decorate(f, options)
+    return _decorate(func, options)
+
+
+def _decorate(func, options):
+    settings = _Settings(func, **options)
 
     if inspect.iscoroutinefunction(func):
         @functools.wraps(func)
         async def async_wrapper(*args, **kwargs):
             conn, claim_args = settings.prepare(args, kwargs, psycopg.AsyncConnection)
-            if claim_args is None:      # no key, key_required=False: no claim, the same transaction
+            if claim_args is None:      # no key, raise_on_missing_key=False: no claim, the same transaction
                 async with conn.transaction():
                     return await func(*args, **kwargs)
             async with conn.transaction():
                 cur = conn.cursor(row_factory=tuple_row)
                 if settings.tenant_setting:
                     await cur.execute(SET_TENANT_SQL, (settings.tenant_setting, claim_args[0]))
-                await cur.execute(CLAIM_SQL, claim_args)
-                outcome, token, stored, expires_at = await cur.fetchone()
+                await cur.execute(CLAIM_SQL, (claim_args[3], *claim_args))
+                outcome, token, stored, *expiry = await cur.fetchone()
                 if outcome == "claimed":
                     result = await func(*args, **kwargs)
-                    await cur.execute(COMPLETE_SQL, (*claim_args[:2], token, settings.document(result)))
-                    return result
-            return settings.settled(claim_args, outcome, stored, expires_at)
+                    await cur.execute(COMPLETE_SQL, (settings.document(result), *claim_args[:2], token))
+                    (stored,) = await cur.fetchone()
+            # after the commit: a serializer or hook that raises cannot undo the stored result
+            return settings.settled(claim_args, outcome, stored, *expiry)
         return async_wrapper
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         conn, claim_args = settings.prepare(args, kwargs, psycopg.Connection)
-        if claim_args is None:          # no key, key_required=False: no claim, the same transaction
+        if claim_args is None:          # no key, raise_on_missing_key=False: no claim, the same transaction
             with conn.transaction():
                 return func(*args, **kwargs)
         with conn.transaction():
             cur = conn.cursor(row_factory=tuple_row)
             if settings.tenant_setting:
                 cur.execute(SET_TENANT_SQL, (settings.tenant_setting, claim_args[0]))
-            cur.execute(CLAIM_SQL, claim_args)
-            outcome, token, stored, expires_at = cur.fetchone()
+            cur.execute(CLAIM_SQL, (claim_args[3], *claim_args))
+            outcome, token, stored, *expiry = cur.fetchone()
             if outcome == "claimed":
                 result = func(*args, **kwargs)
-                cur.execute(COMPLETE_SQL, (*claim_args[:2], token, settings.document(result)))
-                return result
-        return settings.settled(claim_args, outcome, stored, expires_at)
+                cur.execute(COMPLETE_SQL, (settings.document(result), *claim_args[:2], token))
+                (stored,) = cur.fetchone()
+        return settings.settled(claim_args, outcome, stored, *expiry)
     return wrapper
 
 
 class _Settings:
     """The decorator's configuration, checked once when the function is decorated."""
 
-    def __init__(self, func, key, payload_validation, tenant, ttl, lease, wait,
-                 event_argument, connection_argument, key_required, encoder, tenant_setting):
+    def __init__(self, func, key, payload_validation, tenant, ttl, lease, wait, event_argument,
+                 connection_argument, raise_on_missing_key, encoder, output_serializer, response_hook,
+                 tenant_setting):
         self.signature = inspect.signature(func)
         names = list(self.signature.parameters)
         for what, name in (("event_argument", event_argument), ("connection_argument", connection_argument)):
@@ -161,11 +204,13 @@ class _Settings:
         self.key = value_getter(key, "key")
         self.encoder = encoder or jsonable
         self.fingerprint = payload_fingerprint(payload_validation, self.encoder)
-        if tenant is None:
-            tenant = f"{func.__module__}.{func.__qualname__}"[-255:]
         self.tenant = tenant if callable(tenant) else (lambda event, t=check_identifier(tenant, "tenant"): t)
-        self.intervals = (_interval(lease), _interval(ttl), _interval(wait))
-        self.key_required = key_required
+        self.intervals = (_per_call(lease, "lease"), _per_call(ttl, "ttl"), _per_call(wait, "wait"))
+        self.key_required = raise_on_missing_key
+        self.serializer = _serializer(output_serializer)
+        if response_hook is not None and not callable(response_hook):
+            raise TypeError("response_hook must be a function (result, replayed).")
+        self.response_hook = response_hook
         self.tenant_setting = check_tenant_setting(tenant_setting)
         self.func_name = func.__qualname__
 
@@ -197,7 +242,7 @@ class _Settings:
         key = check_identifier(key, "idempotency key")
         tenant = check_identifier(self.tenant(event), "tenant")
         fingerprint = self.fingerprint(event) if self.fingerprint else None
-        return conn, (tenant, key, fingerprint, *self.intervals)
+        return conn, (tenant, key, fingerprint, *(f(event) for f in self.intervals))
 
     def document(self, result) -> Jsonb:
         """What idem_complete stores: {"result": ...}, so that None is a result too."""
@@ -206,15 +251,23 @@ class _Settings:
     def _dumps(self, value) -> str:
         return json.dumps(value, default=self.encoder, ensure_ascii=False, separators=(",", ":"))
 
-    @staticmethod
-    def settled(claim_args, outcome, stored, expires_at):
+    def answer(self, stored, replayed: bool):
+        """What the caller gets of a stored document, the first time as on a replay."""
+        # a record another writer completed (an HTTP handler, SQL) is returned whole
+        result = stored["result"] if isinstance(stored, dict) and stored.keys() == {"result"} else stored
+        if self.serializer is not None:
+            result = self.serializer(result)
+        if self.response_hook is not None:
+            result = self.response_hook(result, replayed)
+        return result
+
+    def settled(self, claim_args, outcome, stored, expires_at, retry_after):
         """Every outcome but claimed: the stored result, or the exception that says why not."""
         tenant, key = claim_args[:2]
-        if outcome == "replay":
-            # a record another writer completed (an HTTP handler, SQL) is returned whole
-            return stored["result"] if isinstance(stored, dict) and stored.keys() == {"result"} else stored
+        if outcome in ("claimed", "replay"):
+            return self.answer(stored, outcome == "replay")
         if outcome == "in_progress":
-            raise IdempotencyInProgressError(tenant, key, expires_at)
+            raise IdempotencyInProgressError(tenant, key, expires_at, retry_after)
         if outcome == "mismatch":
             raise IdempotencyPayloadMismatchError(tenant, key)
         if outcome == "failed":
