@@ -5,6 +5,11 @@
 #   apt-get install golang-go golang-github-jackc-pgx-v4-dev
 #   ./vendor-debian.sh && go test -mod=vendor ./...
 #
+# vendor-debian.sh DIR does the same for the module in DIR, a service of
+# your own that requires this module (idempotency.example/idempotency) and
+# the requirements of this go.mod: this package is copied from here into
+# DIR/vendor with the others (README.md, "A new module, offline").
+#
 # Debian's golang-*-dev packages put their sources under /usr/share/gocode/src
 # (GOCODE=... for another tree).  The packages the module imports from
 # outside the standard library (pgx's database/sql driver) are listed with
@@ -13,7 +18,9 @@
 # provides each, as `go mod vendor` would write it.  vendor/ is never
 # committed: it is made from the packages installed where the build runs.
 set -eu
-cd "$(dirname "$0")"
+here=$(cd "$(dirname "$0")" && pwd)
+self=$(sed -n 's/^module \([^ ]*\)$/\1/p' "$here/go.mod")
+cd "${1:-$here}"
 gocode=${GOCODE:-/usr/share/gocode/src}
 roots="github.com/jackc/pgx/v4/stdlib"
 
@@ -32,6 +39,15 @@ mkdir vendor
 : >vendor/modules.txt
 echo "$modules" | while read -r module version; do
 	[ -n "$module" ] || continue
+	if [ "$module" = "$self" ]; then   # this package, required by a module of your own
+		echo "# $module $version" >>vendor/modules.txt
+		echo "## explicit; go $(sed -n 's/^go \([0-9.]*\)$/\1/p' "$here/go.mod")" >>vendor/modules.txt
+		mkdir -p "vendor/$module"
+		find "$here" -maxdepth 1 -type f -name '*.go' ! -name '*_test.go' -exec cp {} "vendor/$module/" \;
+		install -m 644 "$here/LICENSE" "vendor/$module/LICENSE"
+		echo "$module" >>vendor/modules.txt
+		continue
+	fi
 	[ -d "$gocode/$module" ] || { echo "vendor-debian.sh: $gocode/$module is missing (its Debian -dev package?)" >&2; exit 1; }
 	goversion=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$gocode/$module/go.mod" 2>/dev/null || true)
 	echo "# $module $version" >>vendor/modules.txt
