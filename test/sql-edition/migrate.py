@@ -105,9 +105,13 @@ def move(direction, st, su, tag):
     st.top = max(st.top, tok)
     result = {}
 
+    # to-c names the schema; to-sql finds it on the search_path
+    where = ['--schema', args.schema] if direction == 'to-c' else []
+    env = dict(os.environ, PGOPTIONS='-c search_path=%s' % args.schema)
+
     def run():
-        result['p'] = subprocess.run([os.path.join(ROOT, 'sql-edition', 'migrate'), direction, '--schema', args.schema]
-                                     + psql_base(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        result['p'] = subprocess.run([os.path.join(ROOT, 'sql-edition', 'migrate'), direction] + where + psql_base(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     t = threading.Thread(target=run)
     t0 = time.time()
     t.start()
@@ -237,6 +241,10 @@ def run():
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     check(p.returncode != 0 and 'not installed' in p.stdout and snapshot(su) == before,
           'migrate to-sql on the SQL edition refuses and changes nothing', p.stdout)
+    p = subprocess.run([os.path.join(ROOT, 'sql-edition', 'migrate'), 'to-c'] + psql_base(),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    check(p.returncode != 0 and 'no idempotency_records on the search_path' in p.stdout and snapshot(su) == before,
+          'migrate without --schema and no idempotency_records on the search_path refuses', p.stdout)
 
     # pg_dump -Fc / pg_restore of the database using the SQL edition: by a
     # superuser, and by the schema's owner (no superuser, --no-owner) into a
