@@ -225,6 +225,17 @@ def run():
     st = State()
     write_records(st, 'a')
     before, mark = snapshot(su), tokens_mark(su)
+
+    # an object of the user's that depends on the edition stops the move, and
+    # nothing changes
+    ex(su, "CREATE VIEW public.open_claims AS SELECT key FROM %s.idempotency_records WHERE status = 'processing'" % s)
+    p = subprocess.run([os.path.join(ROOT, 'sql-edition', 'migrate'), 'to-c', '--schema', s] + psql_base(),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    check(p.returncode != 0 and 'depend' in p.stdout and snapshot(su) == before and
+          one(su, "SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'")[0] == 0,
+          'a view of the user\'s on idempotency_records stops migrate to-c, and nothing changes', p.stdout)
+    ex(su, "DROP VIEW public.open_claims")
+
     out = move('to-c', st, su, 'a')
     check(out.startswith('migrate: %d records moved into the C edition' % (len(before) + 1)), 'to-c says what it moved', out)
     after_move('C', st, su, before, mark, 'a')
