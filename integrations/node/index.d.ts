@@ -62,9 +62,7 @@ export type Middleware = (req: any, res: any, next: (err?: unknown) => void) => 
 /** Express middleware: a route runs at most once per (tenant, Idempotency-Key). */
 export function idempotency(options: MiddlewareOptions): Middleware;
 
-export interface IdempotentOptions<M> {
-  /** The message's key: a function of the message, or a dotted path into it ('id', 'attributes.messageId'). */
-  key: string | ((message: M) => string | number | bigint);
+export interface IdempotentOptionsBase<M> {
   /** Whose keys these are (the consumer group, the queue): a string or a function of the message. */
   tenant: string | ((message: M) => string);
   /** Dotted paths whose values make the fingerprint; a duplicate with other values is refused. Default: none. */
@@ -87,6 +85,13 @@ export interface IdempotentOptions<M> {
  * and the stored result are one transaction. Call the result with a pg.Pool, pg.Client
  * or pool client (idle, not inside a transaction) and the message.
  */
+/** The key: `key` (a function of the message, or a dotted path into it: 'id', 'attributes.messageId'),
+ *  or `eventKeyJmesPath` (a JMESPath expression; needs the jmespath package), one of them.
+ *  `payloadValidationJmesPath`: what makes the fingerprint, as a JMESPath expression. */
+export type IdempotentOptions<M> = IdempotentOptionsBase<M> & { payloadValidationJmesPath?: string | null } & (
+  | { key: string | ((message: M) => string | number | bigint | null | undefined); eventKeyJmesPath?: null }
+  | { eventKeyJmesPath: string; key?: undefined });
+
 export function idempotent<M, R, A extends unknown[]>(
   fn: (db: PoolClientLike, message: M, ...rest: A) => R | Promise<R>,
   options: IdempotentOptions<M> & { responseHook?: null },

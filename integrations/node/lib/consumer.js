@@ -36,6 +36,23 @@ function pathValue(message, path) {
 
 const valueOf = (spec, message) => (typeof spec === 'function' ? spec(message) : pathValue(message, spec));
 
+/** A function of the message from a JMESPath expression (the optional peer dependency jmespath),
+ *  checked when the wrapper is made; the message is read as its JSON. */
+function jmesPath(expression, name) {
+  let jmespath;
+  try {
+    jmespath = require('jmespath');  // eslint-disable-line global-require
+  } catch {
+    throw new TypeError(`The ${name} option needs the jmespath package (npm install jmespath);`
+      + ' a dotted path (key, fingerprintFields) needs nothing.');
+  }
+  if (typeof expression !== 'string' || expression.trim() === '') {
+    throw new TypeError(`The ${name} option must be a JMESPath expression.`);
+  }
+  jmespath.compile(expression);      // a syntax error is thrown now, not on the first message
+  return (message) => jmespath.search(JSON.parse(JSON.stringify(message ?? null)), expression);
+}
+
 /** A pg.Pool lends a client; a pg.Client or a pool's client is used as it is. */
 async function borrow(db) {
   const isPool = db && typeof db.connect === 'function' && 'idleCount' in db && 'totalCount' in db;
@@ -61,6 +78,10 @@ function identifier(value, what) {
  *   tenant             a string, or (message) => tenant (the consumer group, the queue)
  *   fingerprintFields  dotted paths whose values make the fingerprint; a duplicate whose
  *                      fields differ is refused ('mismatch'); default: no fingerprint
+ *   eventKeyJmesPath, payloadValidationJmesPath
+ *                      AWS Powertools' names: the key, or what makes the fingerprint, as a
+ *                      JMESPath expression over the message (its JSON), instead of key or
+ *                      fingerprintFields; needs the jmespath package
  *   ttl, lease, wait   intervals for idem_claim ('1 day', '30 seconds', '2 seconds'), or
  *                      (message) => interval (per call); default the server's settings
  *                      (wait: answer in_progress at once)
@@ -75,9 +96,17 @@ function identifier(value, what) {
  */
 function idempotent(fn, {
   key, tenant, fingerprintFields = null, ttl = null, lease = null, wait = null, tenantSetting = null,
-  raiseOnMissingKey = true, responseHook = null,
+  raiseOnMissingKey = true, responseHook = null, eventKeyJmesPath = null, payloadValidationJmesPath = null,
 } = {}) {
   if (typeof fn !== 'function') throw new TypeError('idempotent() needs the function to wrap.');
+  if (eventKeyJmesPath !== null) {
+    if (key !== undefined) throw new TypeError('Give the key option or eventKeyJmesPath, not both.');
+    key = jmesPath(eventKeyJmesPath, 'eventKeyJmesPath');
+  }
+  if (payloadValidationJmesPath !== null && fingerprintFields !== null) {
+    throw new TypeError('Give fingerprintFields or payloadValidationJmesPath, not both.');
+  }
+  const payload = payloadValidationJmesPath === null ? null : jmesPath(payloadValidationJmesPath, 'payloadValidationJmesPath');
   if (!(typeof key === 'function' || (typeof key === 'string' && key !== ''))) {
     throw new TypeError('The key option must be a function of the message or a dotted path into it.');
   }
@@ -100,8 +129,11 @@ function idempotent(fn, {
     if ((rawKey === undefined || rawKey === null) && !raiseOnMissingKey) return runWithoutKey(fn, db, message, rest);
     const keyValue = identifier(rawKey, 'the key');
     const tenantValue = identifier(typeof tenant === 'string' ? tenant : tenant(message), 'the tenant');
-    const fingerprint = fingerprintFields === null ? null
-      : sha256(canonicalJson(fingerprintFields.map((field) => [field, pathValue(message, field) ?? null])));
+    let fingerprint = null;
+    if (payload) fingerprint = sha256(canonicalJson(payload(message) ?? null));
+    else if (fingerprintFields !== null) {
+      fingerprint = sha256(canonicalJson(fingerprintFields.map((field) => [field, pathValue(message, field) ?? null])));
+    }
     const [callLease, callTtl, callWait] = intervals.map((f) => f(message) ?? null);
 
     const { client, giveBack } = await borrow(db);

@@ -201,3 +201,22 @@ test('consumer: raiseOnMissingKey, responseHook, per-call ttl', { skip: skipReas
     holder.release();
   }
 });
+
+test('consumer: eventKeyJmesPath and payloadValidationJmesPath (Powertools\' names)', { skip: skipReason }, async () => {
+  const runs = [];
+  const consume = idempotent(async (db, event) => { runs.push(event); return { n: runs.length }; }, {
+    eventKeyJmesPath: "Records[?source=='orders'] | [0].messageId",
+    payloadValidationJmesPath: 'Records[0].body.[orderId, amount]',
+    tenant: `${SHOP}-jmespath`, tenantSetting: TENANT_SETTING,
+  });
+  const event = (amount, note) => ({ Records: [{ source: 'orders', messageId: 'jm-1', body: { orderId: 'o-7', amount, note } }] });
+  assert.deepEqual(await consume(pool, event(5, 'first')), { n: 1 });
+  assert.deepEqual(await consume(pool, event(5, 'redelivered')), { n: 1 }, 'another note: a replay');
+  await assert.rejects(consume(pool, event(6, 'first')), (e) => e.code === 'mismatch', 'another amount: a mismatch');
+  assert.equal(runs.length, 1);
+  assert.equal((await adminQuery('SELECT count(*)::int AS n FROM idempotency_records WHERE tenant_id = $1 AND key = $2',
+    [`${SHOP}-jmespath`, 'jm-1'])).rows[0].n, 1, 'the key the expression gave');
+  assert.throws(() => idempotent(async () => 1, { tenant: 't', eventKeyJmesPath: 'Records[' }), /Syntax|Unexpected|Expected/i,
+    'a bad expression is refused when the wrapper is made');
+  assert.throws(() => idempotent(async () => 1, { tenant: 't', key: 'id', eventKeyJmesPath: 'id' }), TypeError);
+});

@@ -37,6 +37,11 @@ const handle = idempotent(async (db: PoolClientLike, message: OrderMessage, atte
 }, { key: 'messageId', tenant: (m) => `orders-${m.body.orderId % 4}`, fingerprintFields: ['body.amount'], wait: '2 seconds',
   tenantSetting: 'app.tenant', ttl: (m) => (m.body.amount > 1000 ? '30 days' : null) });
 
+// Powertools' names: the key and the fingerprint as JMESPath expressions
+const byExpression = idempotent(async (db: PoolClientLike, message: OrderMessage) => message.body.amount,
+  { eventKeyJmesPath: 'messageId', payloadValidationJmesPath: 'body.[orderId, amount]', tenant: 'orders' });
+void byExpression;
+
 // responseHook: what the call returns, on the first delivery as on a duplicate
 const flagged = idempotent(async (db: PoolClientLike, message: OrderMessage) => message.body.orderId,
   { key: 'messageId', tenant: 'orders', raiseOnMissingKey: false,
@@ -74,3 +79,5 @@ const wrongToken: number | undefined = ({} as express.Request).idempotency?.toke
 void wrongToken;
 // @ts-expect-error: tenantSetting is the setting's name
 idempotency({ pool, tenantSetting: true });
+// @ts-expect-error: the key option or eventKeyJmesPath, not both
+idempotent(async () => 1, { tenant: 'x', key: 'id', eventKeyJmesPath: 'id' });

@@ -157,6 +157,7 @@ def run(check, admin_dsn, app_dsn, tenant_setting=None):
         check_in_progress(check, admin, app, app_dsn)
         check_caller_transaction(check, admin, app)
         check_results_and_options(check, admin, app)
+        check_jmespath(check, admin, app)
         check_concurrent(check, admin, app_dsn)
         asyncio.run(check_async(check, admin, app_dsn))
     finally:
@@ -426,6 +427,44 @@ def check_results_and_options(check, admin, app):
     e = raises(TypeError, lambda: idempotent_function(key="id")(lambda conn, event: None))
     check(isinstance(e, TypeError) and "tenant=" in str(e),
           "consumer: a function decorated without tenant= is refused when decorated (no default tenant)", repr(e))
+
+
+def check_jmespath(check, admin, app):
+    """event_key_jmespath and payload_validation_jmespath, Powertools' names;
+    without the jmespath module (Debian: python3-jmespath) refused when
+    decorated.  76-python-pydantic2 has the module in its chroot."""
+    try:
+        import jmespath  # noqa: F401
+    except ImportError:
+        e = raises(ImportError, lambda: idempotent_function(event_key_jmespath="id", tenant="t")(
+            lambda conn, event: None))
+        check(isinstance(e, ImportError) and "python3-jmespath" in str(e),
+              "consumer: event_key_jmespath without the jmespath module is refused when decorated, naming"
+              " python3-jmespath (this Python has no jmespath)", repr(e))
+        return
+    runs = []
+
+    @idempotent_function(event_key_jmespath="Records[?source=='orders'] | [0].messageId",
+                         payload_validation_jmespath="Records[0].body.[order_id, amount]", tenant="jmespath",
+                         tenant_setting=setting)
+    def consume(conn, event):
+        runs.append(event)
+        return {"n": len(runs)}
+
+    def event(amount, note="first"):
+        return {"Records": [{"source": "orders", "messageId": "jm-1",
+                             "body": {"order_id": "o-7", "amount": amount, "note": note}}]}
+
+    first, again = consume(app, event(5)), consume(app, event(5, note="redelivered"))
+    e = raises(IdempotencyPayloadMismatchError, lambda: consume(app, event(6)))
+    rec = record(admin, "jmespath", "jm-1")
+    check(first == again == {"n": 1} and len(runs) == 1 and rec is not None
+          and isinstance(e, IdempotencyPayloadMismatchError),
+          "consumer: event_key_jmespath (a filter expression) gives the key, payload_validation_jmespath the"
+          " fingerprint: a redelivery with another note replays, another amount is a mismatch",
+          f"{first} {again} {runs} {rec} {e!r}")
+    e = raises(TypeError, lambda: idempotent_function(key="id", event_key_jmespath="id", tenant="t"))
+    check(isinstance(e, TypeError), "consumer: key= and event_key_jmespath= together are refused", repr(e))
 
 
 async def check_async(check, admin, app_dsn):

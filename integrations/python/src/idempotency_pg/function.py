@@ -70,8 +70,23 @@ def _serializer(spec) -> Optional[Callable[[Any], Any]]:
     raise TypeError("output_serializer must be a pydantic model, a dataclass or a function of the stored JSON.")
 
 
+def _jmespath(expression: str, what: str, encoder) -> Callable[[Any], Any]:
+    """A function of the event from a JMESPath expression (Debian: python3-jmespath),
+    compiled when the function is decorated; the event is read as its JSON."""
+    try:
+        import jmespath
+    except ImportError:
+        raise ImportError(f"{what} needs the jmespath module (Debian: python3-jmespath; pip: jmespath);"
+                          " a field path (key=, payload_validation=) needs nothing.") from None
+    if not isinstance(expression, str) or not expression.strip():
+        raise ValueError(f"{what} must be a JMESPath expression.")
+    compiled = jmespath.compile(expression)
+    dumps = functools.partial(json.dumps, default=encoder or jsonable)
+    return lambda event: compiled.search(json.loads(dumps(event)))
+
+
 def idempotent_function(func: Optional[Callable] = None, *,
-                        key: Union[str, Callable[[Any], Any]],
+                        key: Union[None, str, Callable[[Any], Any]] = None,
                         tenant: Union[str, Callable[[Any], Any]] = _REQUIRED,
                         payload_validation: Union[None, str, Iterable[str], Callable[[Any], Any]] = None,
                         ttl=None, lease=None, wait=None,
@@ -82,12 +97,19 @@ def idempotent_function(func: Optional[Callable] = None, *,
                         encoder: Optional[Callable[[Any], Any]] = None,
                         output_serializer=None,
                         response_hook: Optional[Callable[[Any, bool], Any]] = None,
-                        tenant_setting: Optional[str] = None):
+                        tenant_setting: Optional[str] = None,
+                        event_key_jmespath: Optional[str] = None,
+                        payload_validation_jmespath: Optional[str] = None):
     """Make func run at most once per (tenant, key).
 
     key                 where the key is in the event: a field path ("order_id",
                         "body.order.id", "Records[0].messageId") or a function
                         of the event.
+    event_key_jmespath, payload_validation_jmespath
+                        AWS Powertools' names: the key, or what makes the
+                        fingerprint, as a JMESPath expression over the event
+                        (its JSON), instead of key= or payload_validation=.
+                        Needs the jmespath module (Debian: python3-jmespath).
     payload_validation  which fields make the fingerprint, compared when a key
                         comes again (a different one raises
                         IdempotencyPayloadMismatchError): None (default, no
@@ -131,6 +153,15 @@ def idempotent_function(func: Optional[Callable] = None, *,
     the first call and every duplicate return the stored JSON (through
     output_serializer when given), so they return the same type.
     """
+    if (key is None) == (event_key_jmespath is None):
+        raise TypeError("idempotent_function needs key= (a field path or a function of the event) or"
+                        " event_key_jmespath=, one of them.")
+    if payload_validation is not None and payload_validation_jmespath is not None:
+        raise TypeError("payload_validation= and payload_validation_jmespath= are two ways of one option: give one.")
+    if event_key_jmespath is not None:
+        key = _jmespath(event_key_jmespath, "event_key_jmespath", encoder)
+    if payload_validation_jmespath is not None:
+        payload_validation = _jmespath(payload_validation_jmespath, "payload_validation_jmespath", encoder)
     if tenant is _REQUIRED:
         raise TypeError("idempotent_function needs tenant=: a string naming the consumer (its group, its queue)"
                         " or a function of the event.")
