@@ -112,18 +112,46 @@ def move(direction, st, su, tag):
     def run():
         result['p'] = subprocess.run([os.path.join(ROOT, 'sql-edition', 'migrate'), direction] + where + psql_base(),
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    def during():
+        # a claim made while the move waits: it waits behind the move
+        conn = connect(APP, tenant='t1')
+        try:
+            result['during'] = claim(conn, 't1', 'during-' + tag)
+        except psycopg2.Error as e:
+            result['during'] = (e.pgcode, e.diag.message_primary)
+        conn.close()
     t = threading.Thread(target=run)
+    d = threading.Thread(target=during)
     t0 = time.time()
     t.start()
-    time.sleep(0.6)
-    waited = t.is_alive()
+    time.sleep(0.3)
+    d.start()
+    time.sleep(0.3)
+    waited = t.is_alive() and d.is_alive()
     holder.commit()
     holder.close()
     t.join(60)
+    d.join(60)
     p = result.get('p')
     check(waited and p is not None and p.returncode == 0,
           'sql-edition/migrate %s waits for the uncommitted claim, then moves (%.1f s)' % (direction, time.time() - t0),
           (waited, p and p.stdout))
+    # the claim made during the move: an error, or claimed and its record there
+    got = result.get('during')
+    app = connect(APP, tenant='t1')
+    row = one(app, "SELECT status, token FROM idem_lookup('t1', %s)", ('during-' + tag,))
+    if got and got[0] == 'claimed':
+        check(row == ('processing', got[1]), '%s: a claim made while the move waited answered claimed, and its record '
+              'is in the new edition' % direction, (got, row))
+    else:
+        again = claim(app, 't1', 'during-' + tag)
+        check(got is not None and row is None and again[0] == 'claimed',
+              '%s: a claim made while the move waited ended in an error (%s %s) and wrote nothing; claimed again after'
+              % (direction, got and got[0], got and got[1]), (got, row, again))
+        got = again
+    st.tokens[('t1', 'during-' + tag)] = got[1]
+    st.top = max(st.top, got[1])
+    app.close()
     return p.stdout.strip() if p else ''
 
 
@@ -143,7 +171,9 @@ def after_move(edition, st, su, before, mark_before, tag):
               (ext, c_funcs, owner))
     after = snapshot(su)
     held = [r for r in after if r[1] == 'held-' + tag]
-    check([r for r in after if r[1] != 'held-' + tag] == before,
+    # besides the records before: the claim committed while the move waited,
+    # and the one made during the move (checked by move())
+    check([r for r in after if r[1] not in ('held-' + tag, 'during-' + tag)] == before,
           '%s: every record moved unchanged, in every column (%d)' % (edition, len(before)),
           [r for r in before if r not in after][:3])
     check(len(held) == 1 and held[0][0] == 't1' and held[0][2] == st.tokens[('t1', 'held-' + tag)],
