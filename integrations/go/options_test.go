@@ -267,12 +267,29 @@ func TestRun(t *testing.T) {
 		t.Errorf("in progress (an uncommitted holder: a whole lease, the server's): %v", err)
 	}
 	_ = holder.Rollback()
+	waiting := opts
+	waiting.Wait = "5 seconds"
+	holder = asTenant(t)
+	var token int64
+	if err := holder.QueryRow(`SELECT token FROM idem_claim($1, 'r-wait')`, tenant).Scan(&token); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_, _ = holder.Exec(`SELECT idem_complete($1, 'r-wait', $2, '{"by": "holder"}')`, tenant, token)
+		_ = holder.Commit()
+	}()
+	before := runs
+	if out, replayed, err := idempotency.Run(ctx, appDB, tenant, "r-wait", book, waiting); err != nil || !replayed ||
+		string(out) != `{"by": "holder"}` || runs != before {
+		t.Errorf("Wait: a duplicate during the first delivery gets its result: %s %v %v", out, replayed, err)
+	}
 	if _, _, err := idempotency.Run(ctx, appDB, tenant, "", book, opts); !errors.Is(err, idempotency.ErrInvalidKey) {
 		t.Errorf("an empty key: %v", err)
 	}
 	optional := opts
 	optional.OptionalKey = true
-	before := runs
+	before = runs
 	if _, replayed, err := idempotency.Run(ctx, appDB, tenant, "", book, optional); err != nil || replayed || runs != before+1 {
 		t.Errorf("OptionalKey: an empty key runs fn without a claim: %v %d", err, runs)
 	}

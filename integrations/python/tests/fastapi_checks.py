@@ -229,8 +229,11 @@ async def check_options(check, admin, app_dsn, tenant_setting):
         # titles
         s1, _, b1 = await post(app, {"amount": 1}, (client,), path="/plain/201")
         s2, _, b2 = await post(app, {"amount": 1}, (client, ("Idempotency-Key", "k" * 256)), path="/plain/201")
-        check(s1 == 400 and title(b1) == TITLES[400] and s2 == 400 and title(b2) == TITLES["bad key"],
-              "fastapi: the 400 titles are the three packages' (no key; an invalid key)", f"{b1!r} {b2!r}")
+        s3, _, b3 = await post(app, {"amount": 1}, (("Idempotency-Key", "opt-no-tenant"),), path="/plain/201")
+        check(s1 == 400 and title(b1) == TITLES[400] and s2 == 400 and title(b2) == TITLES["bad key"]
+              and s3 == 400 and title(b3) == "The tenant is invalid",
+              "fastapi: the 400 titles are the three packages' (no key; an invalid key; no tenant)",
+              f"{b1!r} {b2!r} {b3!r}")
 
         # per-call ttl, replayed_headers' default, response_hook
         key = (client, ("Idempotency-Key", "opt-1"), ("X-Ttl", "3 days"))
