@@ -75,6 +75,22 @@ func asTenant(t *testing.T) *sql.Tx {
 	return tx
 }
 
+// completeLater claims k as this run's tenant in a transaction of its own,
+// and completes it with response and commits 300 ms later.
+func completeLater(t *testing.T, k, response string) {
+	t.Helper()
+	holder := asTenant(t)
+	var token int64
+	if err := holder.QueryRow(`SELECT token FROM idem_claim($1, $2)`, tenant, k).Scan(&token); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_, _ = holder.Exec(`SELECT idem_complete($1, $2, $3, $4::jsonb)`, tenant, k, token, response)
+		_ = holder.Commit()
+	}()
+}
+
 func TestTitlesAndTenantHeader(t *testing.T) {
 	needDB(t)
 	s := optionsServer(t, idempotency.Config{})
@@ -181,16 +197,7 @@ func TestRetryAfterAndWait(t *testing.T) {
 	_ = holder.Rollback()
 
 	waiting := optionsServer(t, idempotency.Config{Wait: "5 seconds"})
-	holder = asTenant(t)
-	var token int64
-	if err := holder.QueryRow(`SELECT token FROM idem_claim($1, 'o-wait')`, tenant).Scan(&token); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		time.Sleep(300 * time.Millisecond)
-		_, _ = holder.Exec(`SELECT idem_complete($1, 'o-wait', $2, '{"status": 201, "body": {"by": "holder"}}')`, tenant, token)
-		_ = holder.Commit()
-	}()
+	completeLater(t, "o-wait", `{"status": 201, "body": {"by": "holder"}}`)
 	r = postStatus(t, waiting, "o-wait", 201)
 	if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || string(r.body) != `{"by": "holder"}` {
 		t.Errorf("Wait: the duplicate gets the original's answer: %d %v %s", r.status, r.header, r.body)
@@ -269,16 +276,7 @@ func TestRun(t *testing.T) {
 	_ = holder.Rollback()
 	waiting := opts
 	waiting.Wait = "5 seconds"
-	holder = asTenant(t)
-	var token int64
-	if err := holder.QueryRow(`SELECT token FROM idem_claim($1, 'r-wait')`, tenant).Scan(&token); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		time.Sleep(300 * time.Millisecond)
-		_, _ = holder.Exec(`SELECT idem_complete($1, 'r-wait', $2, '{"by": "holder"}')`, tenant, token)
-		_ = holder.Commit()
-	}()
+	completeLater(t, "r-wait", `{"by": "holder"}`)
 	before := runs
 	if out, replayed, err := idempotency.Run(ctx, appDB, tenant, "r-wait", book, waiting); err != nil || !replayed ||
 		string(out) != `{"by": "holder"}` || runs != before {
