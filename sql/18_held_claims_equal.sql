@@ -1,7 +1,7 @@
 -- Held claims equal written ones in every class of issue 34 that differed:
 -- transaction ends that are rollbacks, cursors WITH HOLD, inheritance
 -- children, an owner without rights, a settle without UPDATE or DELETE,
--- TOAST-sized responses, EXPLAIN.  The cases (test/regress/
+-- TOAST-sized responses, EXPLAIN.  The cases (sql/include/
 -- held_equal_cases.sql) run with idempotency.defer_writes off, then on: the
 -- two halves of the output must be the same.  Each case failed before
 -- (the first hung a backend that could not be cancelled).
@@ -17,9 +17,9 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO held_equal_app;
 DELETE FROM idempotency_records;
 
 SET idempotency.defer_writes = off;
-\i test/regress/held_equal_cases.sql
+\i sql/include/held_equal_cases.sql
 SET idempotency.defer_writes = on;
-\i test/regress/held_equal_cases.sql
+\i sql/include/held_equal_cases.sql
 
 RESET idempotency.defer_writes;
 REVOKE ALL ON idempotency_records FROM held_equal_app, held_equal_owner;
