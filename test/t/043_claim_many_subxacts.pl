@@ -99,9 +99,11 @@ SKIP:
 {
 	skip 'pg_stat_get_backend_subxact comes with PostgreSQL 16', 1 if $server_version < 160000;
 	is($node->safe_psql('postgres', qq{
-	SELECT s.subxact_count || ' ' || s.subxact_overflowed
+	SELECT s.subxact_count || ' ' ||
+	       CASE WHEN s.subxact_overflowed THEN 'overflowed' ELSE 'not overflowed' END
 	  FROM pg_stat_get_backend_idset() AS b, pg_stat_get_backend_subxact(b) AS s
-	 WHERE pg_stat_get_backend_pid(b) = $pid}), '0 f', 'pg_stat_get_backend_subxact: none, not overflowed');
+	 WHERE pg_stat_get_backend_pid(b) = $pid}), '0 not overflowed',
+		'pg_stat_get_backend_subxact: none, not overflowed');
 }
 
 $batch->query_safe('COMMIT');
