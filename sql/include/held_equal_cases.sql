@@ -1,7 +1,8 @@
 -- The cases of sql/18_held_claims_equal.sql, run once with held claims off
 -- (each claim written at once: the reference) and once on; the caller sets
--- idempotency.defer_writes and :mode.  Each case starts and ends with an
--- empty records table.
+-- idempotency.defer_writes.  Each case starts and ends with an empty
+-- records table.  (In sql/include/ so that it travels with sql/, as
+-- 85-package copies it; pg_regress runs only sql/*.sql.)
 SHOW idempotency.defer_writes;
 
 -- 1. A COMMIT, COMMIT AND CHAIN or PREPARE TRANSACTION of a failed block
