@@ -310,9 +310,11 @@ FROM PUBLIC;
 -- ===========================================================================
 -- Internal helpers (idem_sql_*).  The invoker helpers can do nothing the
 -- caller's own rights on idempotency_records do not allow, so PUBLIC may
--- execute them (a role granted idem_claim needs them); the three SECURITY
--- DEFINER ones only move the token sequence forward or name the isolation
--- setting.
+-- execute them (a role granted idem_claim needs them).  The three SECURITY
+-- DEFINER ones (idem_sql_fresh_tokens, idem_sql_successor_token: they move
+-- the token sequence forward, as far as its end; idem_sql_isolation_setting:
+-- it names the isolation setting) are revoked from PUBLIC at the end of this
+-- file and granted to the roles that call the API (docs/managed.md, "Grants").
 -- ===========================================================================
 
 -- tenant_id, key, fingerprint, point, step: NULL (when required), empty and
@@ -1500,8 +1502,10 @@ BEGIN
 END
 $fn$;
 
--- Nothing of the API is executable by PUBLIC (the C edition's grants apply
--- unchanged: docs/privileges.md); the idem_sql_* helpers are (see above).
+-- Nothing of the API is executable by PUBLIC (the C edition's grants apply:
+-- docs/privileges.md), nor are the three SECURITY DEFINER helpers: the
+-- application role gets them with one more grant (docs/managed.md,
+-- "Grants"); the invoker idem_sql_* helpers are (see above).
 REVOKE ALL ON FUNCTION
     @extschema@.idem_claim(text, text, text, interval, interval, interval),
     @extschema@.idem_claim_many(text, text[], text[], interval, interval),
@@ -1523,5 +1527,10 @@ REVOKE ALL ON FUNCTION
     @extschema@.idem_unschedule_sweep(text)
 FROM PUBLIC;
 REVOKE ALL ON @extschema@.idem_stats FROM PUBLIC;
+REVOKE ALL ON FUNCTION
+    @extschema@.idem_sql_fresh_tokens(integer),
+    @extschema@.idem_sql_successor_token(bigint),
+    @extschema@.idem_sql_isolation_setting()
+FROM PUBLIC;
 $idem_sql$,
     ARRAY['plpgsql']);

@@ -28,6 +28,9 @@ import common  # noqa: E402  (test/upgrade/common.py: counted checks, query help
 from common import check, rows  # noqa: E402
 
 args = None
+# the SQL edition's SECURITY DEFINER helpers (docs/managed.md, "Grants")
+DEFINER_HELPERS = ('idem_sql_fresh_tokens(integer)', 'idem_sql_successor_token(bigint)',
+                   'idem_sql_isolation_setting()')
 
 
 def connect(user, autocommit=True, options=None):
@@ -84,6 +87,9 @@ def run():
                ' idem_node_stats(), idem_cluster_stats() TO idem_operator')
     one(owner, 'GRANT SELECT, UPDATE, DELETE ON idempotency_records TO idem_operator')
     one(owner, 'GRANT SELECT ON idem_stats TO idem_operator')
+    # and docs/managed.md's "Grants": the SECURITY DEFINER helpers, not PUBLIC's
+    one(owner, 'GRANT EXECUTE ON FUNCTION ' + ', '.join(DEFINER_HELPERS) + ' TO app')
+    one(owner, 'GRANT EXECUTE ON FUNCTION idem_sql_isolation_setting() TO idem_operator')
     app = connect('app')
     op = connect('idem_operator')
     nobody = connect('nobody')
@@ -313,6 +319,51 @@ def run():
     check(e is not None and e[0] == '42501', 'a role without grants may not claim (42501)', e)
     e = error(nobody, "SELECT idem_child_key('a', 'b', 'c')")
     check(e is not None and e[0] == '42501', 'nor derive child keys', e)
+    # the SECURITY DEFINER helpers: exactly these three, a pinned search_path
+    # (pg_temp last), executable by the owner and the roles granted them only
+    definers = rows(su, "SELECT format('%%s(%%s)', p.proname, oidvectortypes(p.proargtypes)), p.proconfig,"
+                        " (SELECT array_agg(CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END"
+                        "  ORDER BY 1) FROM aclexplode(p.proacl) a WHERE a.grantee <> p.proowner)"
+                        " FROM pg_proc p WHERE p.pronamespace = %s::regnamespace AND p.prosecdef ORDER BY 1", (s,))
+    check(sorted(d[0] for d in definers) == sorted(DEFINER_HELPERS), 'the SECURITY DEFINER functions are the three'
+          ' helpers', [d[0] for d in definers])
+    check(all(d[1] == ['search_path=pg_catalog, pg_temp'] for d in definers),
+          'each SECURITY DEFINER helper pins search_path = pg_catalog, pg_temp', [d[1] for d in definers])
+    want = {'idem_sql_isolation_setting()': ['app', 'idem_operator']}
+    check(all(d[2] == want.get(d[0], ['app']) for d in definers),
+          'none is executable by PUBLIC; each only by the roles of docs/managed.md\'s grants',
+          [(d[0], d[2]) for d in definers])
+    for call in ('SELECT idem_sql_fresh_tokens(1)', 'SELECT idem_sql_successor_token(9223372036854775806)',
+                 'SELECT idem_sql_isolation_setting()'):
+        e = error(nobody, call)
+        check(e is not None and e[0] == '42501' and e[1].startswith('permission denied for function idem_sql_'),
+              'a role without the grant may not call %s (42501)' % call.split('(')[0][7:], e)
+    mark = one(su, "SELECT last_value FROM idempotency_tokens")[0]
+    check(mark < 9000000000000000000, 'the token sequence did not move (%d)' % mark)
+    # a role with the C edition's grants only (docs/privileges.md) is refused
+    # a claim until it has the helpers' grant too
+    one(su, 'DROP ROLE IF EXISTS app_c_grants_only')
+    one(su, 'CREATE ROLE app_c_grants_only LOGIN')
+    one(owner, 'GRANT USAGE ON SCHEMA %s TO app_c_grants_only' % s)
+    one(owner, 'GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval)'
+               ' TO app_c_grants_only')
+    one(owner, 'GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO app_c_grants_only')
+    bare = connect('app_c_grants_only')
+    e = error(bare, "SELECT idem_claim('acme', 'c-grants-only')")
+    check(e == ('42501', 'permission denied for function idem_sql_fresh_tokens'),
+          'the C edition\'s grants alone: a claim is refused (42501) until the helpers are granted', e)
+    check(one(su, "SELECT count(*) FROM idempotency_records WHERE key = 'c-grants-only'")[0] == 0,
+          'and it wrote nothing')
+    one(owner, 'GRANT EXECUTE ON FUNCTION ' + ', '.join(DEFINER_HELPERS) + ' TO app_c_grants_only')
+    check(one(bare, "SELECT outcome FROM idem_claim('acme', 'c-grants-only')")[0] == 'claimed',
+          'with docs/managed.md\'s grant it claims')
+    bare.close()
+    one(su, "DELETE FROM idempotency_records WHERE key = 'c-grants-only'")
+    one(owner, 'REVOKE ALL ON FUNCTION ' + ', '.join(DEFINER_HELPERS) + ', idem_claim(text, text, text, interval,'
+               ' interval, interval) FROM app_c_grants_only')
+    one(owner, 'REVOKE ALL ON idempotency_records FROM app_c_grants_only')
+    one(owner, 'REVOKE ALL ON SCHEMA %s FROM app_c_grants_only' % s)
+    one(su, 'DROP ROLE app_c_grants_only')
     e = error(op, "SELECT * FROM idem_stats")
     check(e is not None and e[0] == '55000' and 'C edition' in e[1], 'idem_stats: 55000, absent with a clear error', e)
 

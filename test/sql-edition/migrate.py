@@ -37,6 +37,9 @@ from common import check, one, rows  # noqa: E402
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 args = None
 APP = 'mover_app'
+# docs/managed.md's "Grants": the SQL edition's SECURITY DEFINER helpers
+HELPERS = ('idem_sql_fresh_tokens(integer)', 'idem_sql_successor_token(bigint)', 'idem_sql_isolation_setting()')
+HELPER_GRANT = 'GRANT EXECUTE ON FUNCTION ' + ', '.join(HELPERS) + ' TO %s'
 
 
 def connect(user, db=None, tenant=None, autocommit=True):
@@ -169,6 +172,13 @@ def after_move(edition, st, su, before, mark_before, tag):
         check(ext == [] and c_funcs == 0 and owner == args.owner,
               'after to-sql: the SQL edition, no extension, no C function, every function owned by %s' % args.owner,
               (ext, c_funcs, owner))
+        acl = rows(su, "SELECT format('%%s(%%s)', p.proname, oidvectortypes(p.proargtypes)),"
+                       " CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END"
+                       " FROM pg_proc p, aclexplode(p.proacl) a WHERE p.pronamespace = %s::regnamespace"
+                       " AND p.prosecdef AND a.grantee <> p.proowner ORDER BY 1, 2", (args.schema,))
+        want = sorted((h, APP) for h in HELPERS)
+        check(acl == want, 'after to-sql: the SECURITY DEFINER helpers are granted to %s (it may claim),'
+              ' not to PUBLIC' % APP, acl)
     after = snapshot(su)
     held = [r for r in after if r[1] == 'held-' + tag]
     # besides the records before: the claim committed while the move waited,
@@ -248,6 +258,7 @@ def run():
               ' idem_checkpoint(text, text, bigint, text, jsonb, interval),'
               ' idem_child_key(text, text, text), idem_lookup(text, text) TO %s' % APP)
     ex(owner, 'GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO %s' % APP)
+    ex(owner, HELPER_GRANT % APP)
     ex(owner, "SELECT idem_set_tenant_isolation(true)")
     ex(owner, "SELECT idem_create_index(ARRAY['status'])")
     owner.close()

@@ -90,6 +90,11 @@ def run():
           'the update script re-created every function in place (%d, same OIDs)' % len(rewritten),
           (len(procs_before), len(procs_after), len(rewritten)))
     check(snapshot(owner) == before, 'every record is unchanged by the update (%d records)' % len(before))
+    public = rows(su, "SELECT p.proname FROM pg_proc p, aclexplode(p.proacl) a WHERE p.pronamespace = %s::regnamespace"
+                      " AND p.prosecdef AND a.grantee = 0", (args.schema,))
+    check(public == [] and one(su, "SELECT count(*) FROM pg_proc WHERE pronamespace = %s::regnamespace AND prosecdef",
+                               (args.schema,))[0] == 3,
+          'after the update the SECURITY DEFINER helpers are still not executable by PUBLIC', public)
 
     # the records go on working, tokens still increase per key
     def looked(key):
