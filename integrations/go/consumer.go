@@ -23,9 +23,10 @@ var (
 	ErrInvalidKey = errors.New("idempotency: the key or the tenant is not usable")
 )
 
-// InProgressError is the ErrInProgress of one call: RetryAfter is the
-// holder's lease left (a whole lease when the holder has not committed its
-// claim), as the middleware's 409 says in Retry-After.
+// InProgressError is the ErrInProgress of one call: RetryAfter is how long
+// to wait before delivering again, as the middleware's 409 says in
+// Retry-After: the holder's lease left when its claim is committed, else
+// the call's Wait or 1 s; between RetryAfterMin and RetryAfterMax seconds.
 type InProgressError struct{ RetryAfter time.Duration }
 
 func (e *InProgressError) Error() string {

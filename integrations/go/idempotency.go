@@ -10,7 +10,8 @@
 //	  replay       the stored status and body, Idempotent-Replayed: true
 //	  failed       the stored failure,          Idempotent-Replayed: true
 //	  in_progress  409 + Retry-After: the seconds left of the original's
-//	               lease (with Wait, after waiting that long for its answer)
+//	               lease if its claim is committed, else Wait or 1, at most
+//	               60 (with Wait, after waiting that long for its answer)
 //	  mismatch     422 (the key was used for another request)
 //
 // A handler that panics or answers a status StoreStatus refuses (by default
@@ -68,12 +69,22 @@ const (
 // when Config.ReplayedHeaders is nil (an allow-list).
 var DefaultReplayedHeaders = []string{"Location", "Content-Location", "Link"}
 
+// RetryAfterMin and RetryAfterMax bound a 409's Retry-After and
+// InProgressError.RetryAfter, in seconds.
+const (
+	RetryAfterMin = 1
+	RetryAfterMax = 60
+)
+
 // retryAfter is the seconds of a 409's Retry-After: those left of the
-// holder's lease (or, when the holder has not committed its claim yet, a
-// whole lease: this call's, or the server's idempotency.lease), at least 1.
-// $4 is the call's lease.
-const retryAfter = `greatest(1, ceil(extract(epoch FROM coalesce(expires_at - clock_timestamp(), $4::interval,
-	current_setting('idempotency.lease', true)::interval, interval '5 minutes'))))::int`
+// holder's lease when its end is known (a committed claim, the two-phase
+// pattern); while the holder has not committed its claim (claim and handler
+// in one transaction: the usual case) its answer comes with its commit, so
+// the call's wait (a duplicate that waited that long tries again after as
+// long), else 1; between RetryAfterMin and RetryAfterMax.  $6 is the call's
+// wait.
+var retryAfter = fmt.Sprintf(`greatest(%d, least(%d, ceil(extract(epoch FROM
+	coalesce(expires_at - clock_timestamp(), $6::interval, interval '1 second')))))::int`, RetryAfterMin, RetryAfterMax)
 
 // DefaultStoreStatus says which answers are stored and replayed when
 // Config.StoreStatus is nil: 2xx, 3xx and the deterministic 4xx (not 408,
@@ -103,7 +114,8 @@ type Config struct {
 	// (default X-Client-Id, a stand-in for authentication).
 	TenantHeader string
 	// Lease and TTL are intervals for idem_claim ("30 seconds", "1 day");
-	// empty means the server's settings.  A 409's Retry-After is the lease left.
+	// empty means the server's settings.  A 409's Retry-After is the lease
+	// left of a committed claim (at most RetryAfterMax).
 	Lease, TTL string
 	// Wait is how long a duplicate waits for the original's answer, which it
 	// replays if it comes within the wait; else 409.  Empty: 409 at once.

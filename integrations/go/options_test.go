@@ -171,14 +171,22 @@ func TestStoreStatus(t *testing.T) {
 	}
 }
 
+// Retry-After (docs/integrations.md): the lease left of a committed claim,
+// else the call's wait or 1; between RetryAfterMin and RetryAfterMax (1, 60).
 func TestRetryAfterAndWait(t *testing.T) {
 	needDB(t)
+	if idempotency.RetryAfterMin != 1 || idempotency.RetryAfterMax != 60 {
+		t.Errorf("RetryAfterMin, RetryAfterMax: %d, %d", idempotency.RetryAfterMin, idempotency.RetryAfterMax)
+	}
 	s := optionsServer(t, idempotency.Config{Lease: "40 seconds"})
 	holder := asTenant(t)
 	if _, err := holder.Exec(`SELECT idem_claim($1, 'o-busy', lease => '20 seconds')`, tenant); err != nil {
 		t.Fatal(err)
 	}
-	if err := holder.Commit(); err != nil { // a committed claim: its lease end is known
+	if _, err := holder.Exec(`SELECT idem_claim($1, 'o-busy-long', lease => '10 minutes')`, tenant); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Commit(); err != nil { // committed claims: their lease ends are known
 		t.Fatal(err)
 	}
 	r := postStatus(t, s, "o-busy", 201)
@@ -186,13 +194,23 @@ func TestRetryAfterAndWait(t *testing.T) {
 		after < 18 || after > 20 {
 		t.Errorf("409 with the lease left (<= 20 s): %d %v", r.status, r.header)
 	}
+	if r := postStatus(t, s, "o-busy-long", 201); r.status != 409 || r.header.Get("Retry-After") != "60" {
+		t.Errorf("a 10-minute lease left: Retry-After capped at 60: %d %v", r.status, r.header)
+	}
 	holder = asTenant(t)
 	defer func() { _ = holder.Rollback() }()
 	if _, err := holder.Exec(`SELECT idem_claim($1, 'o-busy-2')`, tenant); err != nil {
 		t.Fatal(err)
 	}
-	if r := postStatus(t, s, "o-busy-2", 201); r.header.Get("Retry-After") != "40" {
-		t.Errorf("an uncommitted holder: a whole lease, the Config's 40 s: %v", r.header)
+	if r := postStatus(t, s, "o-busy-2", 201); r.status != 409 || r.header.Get("Retry-After") != "1" {
+		t.Errorf("an uncommitted holder, no wait: 1 (not the Config's 40 s lease): %d %v", r.status, r.header)
+	}
+	brief := optionsServer(t, idempotency.Config{Wait: "1.2 seconds"})
+	started := time.Now()
+	if r := postStatus(t, brief, "o-busy-2", 201); r.status != 409 || r.header.Get("Retry-After") != "2" ||
+		time.Since(started) < 1150*time.Millisecond {
+		t.Errorf("after waiting 1.2 s for an uncommitted holder: the wait, rounded up (2): %d %v after %v",
+			r.status, r.header, time.Since(started))
 	}
 	_ = holder.Rollback()
 
@@ -265,13 +283,30 @@ func TestRun(t *testing.T) {
 	}
 	holder := asTenant(t)
 	defer func() { _ = holder.Rollback() }()
-	if _, err := holder.Exec(`SELECT idem_claim($1, 'r-busy', lease => '30 seconds')`, tenant); err != nil {
+	if _, err := holder.Exec(`SELECT idem_claim($1, 'r-busy-long', lease => '10 minutes')`, tenant); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Commit(); err != nil { // its lease end is known
 		t.Fatal(err)
 	}
 	var busy *idempotency.InProgressError
-	_, _, err := idempotency.Run(ctx, appDB, tenant, "r-busy", book, opts)
-	if !errors.Is(err, idempotency.ErrInProgress) || !errors.As(err, &busy) || busy.RetryAfter != 300*time.Second {
-		t.Errorf("in progress (an uncommitted holder: a whole lease, the server's): %v", err)
+	_, _, err := idempotency.Run(ctx, appDB, tenant, "r-busy-long", book, idempotency.RunOptions{TenantSetting: tenantSetting})
+	if !errors.Is(err, idempotency.ErrInProgress) || !errors.As(err, &busy) || busy.RetryAfter != 60*time.Second {
+		t.Errorf("in progress (a committed claim's 10-minute lease left: capped at 60 s): %v", err)
+	}
+	holder = asTenant(t)
+	if _, err := holder.Exec(`SELECT idem_claim($1, 'r-busy', lease => '30 seconds')`, tenant); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = idempotency.Run(ctx, appDB, tenant, "r-busy", book, opts)
+	if !errors.Is(err, idempotency.ErrInProgress) || !errors.As(err, &busy) || busy.RetryAfter != time.Second {
+		t.Errorf("in progress (an uncommitted holder, no wait: 1 s, not its 30-second lease): %v", err)
+	}
+	brief := opts
+	brief.Wait = "1.2 seconds"
+	_, _, err = idempotency.Run(ctx, appDB, tenant, "r-busy", book, brief)
+	if !errors.As(err, &busy) || busy.RetryAfter != 2*time.Second {
+		t.Errorf("in progress after waiting 1.2 s: the wait, rounded up (2 s): %v", err)
 	}
 	_ = holder.Rollback()
 	waiting := opts

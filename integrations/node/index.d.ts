@@ -36,7 +36,7 @@ export interface MiddlewareOptions {
   /** Whose key this is: a header name, or a function returning the authenticated principal.
    *  Default: the X-Client-Id header. */
   tenant?: string | ((req: any) => string | Promise<string>);
-  /** idem_claim's lease; default the server's setting. A 409's Retry-After is the lease left. */
+  /** idem_claim's lease; default the server's setting. A 409's Retry-After is the lease left of a committed claim. */
   lease?: PerCall<any>;
   /** How long the record is kept ('1 day'); default the server's setting. */
   ttl?: PerCall<any>;
@@ -104,6 +104,9 @@ export function idempotent<M, R, A extends unknown[], H>(
 
 /** The default storeStatus: 2xx, 3xx and the deterministic 4xx; never 5xx, 408, 409, 425, 429. */
 export function defaultStoreStatus(status: number): boolean;
+/** The bounds of a 409's Retry-After and of IdempotencyError.retryAfter, in seconds (1 and 60). */
+export const RETRY_AFTER_MIN: number;
+export const RETRY_AFTER_MAX: number;
 
 export type IdempotencyErrorCode = 'in_progress' | 'mismatch' | 'failed' | 'invalid_key';
 
@@ -112,8 +115,9 @@ export class IdempotencyError extends Error {
   code: IdempotencyErrorCode;
   /** For code 'failed': the stored failure document. */
   response?: unknown;
-  /** For code 'in_progress': seconds at most (the holder's lease left, a whole lease while it is
-   *  uncommitted), as an HTTP 409's Retry-After. */
+  /** For code 'in_progress': seconds to wait before delivering again, as an HTTP 409's
+   *  Retry-After: the holder's lease left if its claim is committed, else the call's wait or 1;
+   *  between RETRY_AFTER_MIN and RETRY_AFTER_MAX (1, 60). */
   retryAfter?: number;
 }
 

@@ -7,8 +7,11 @@
  */
 const { idempotency, parseIdempotencyKey, requestFingerprint } = require('./lib/express');
 const { idempotent } = require('./lib/consumer');
-const { IdempotencyError, canonicalJson, defaultStoreStatus } = require('./lib/common');
+const {
+  IdempotencyError, canonicalJson, defaultStoreStatus, RETRY_AFTER_MIN, RETRY_AFTER_MAX,
+} = require('./lib/common');
 
 module.exports = {
   idempotency, idempotent, IdempotencyError, canonicalJson, parseIdempotencyKey, requestFingerprint, defaultStoreStatus,
+  RETRY_AFTER_MIN, RETRY_AFTER_MAX,
 };

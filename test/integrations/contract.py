@@ -45,11 +45,12 @@ URL = f"http://127.0.0.1:{HTTP_PORT}/entries"
 
 KEYS, DUPLICATES = 10, 20     # concurrent phase: every key sent 20 times at once
 SLOW_MS = 300                 # how long a claimed booking takes in the concurrent phase
-# Retry-After of a 409 is the holder's lease left; the original holds its claim
-# uncommitted (claim and booking are one transaction), so its lease end is not
-# known yet and the answer is a whole lease: the apps set none, so the
-# server's idempotency.lease, 5 minutes (docs/integrations.md).
-RETRY_AFTER = "300"
+# Retry-After of a 409 is the holder's lease left when its claim is committed;
+# the original holds its claim uncommitted (claim and booking are one
+# transaction), so its answer comes with its commit and Retry-After is the
+# call's wait, else 1: the apps set no wait (docs/integrations.md; not the
+# server's 5-minute idempotency.lease).
+RETRY_AFTER = "1"
 # Tokens beyond 2^53 (not exact as a double): the token mark is moved near the
 # top of bigint before the first claim, so every claim of the run gets one
 # (extension 1.1: tokens.c); with an extension whose takeover hands out the
@@ -290,7 +291,7 @@ def test_in_progress(db):
     check(in_flight and r.status == 409 and r.headers.get("Retry-After") == RETRY_AFTER and is_problem(r)
           and json.loads(r.body).get("title") == "A request with this Idempotency-Key is still being processed",
           f"same key while the original runs: 409 problem+json, the packages' title, Retry-After: {RETRY_AFTER}"
-          " (a whole lease: the original's claim is not committed)",
+          " (the original's claim is not committed and the apps set no wait)",
           f"in flight {in_flight}, {r.status} {dict(r.headers)}")
     r = post("slow-1", entries(43))
     check(r.status == 409, "another body while the original runs: 409 (cannot compare yet)", f"{r.status}")
@@ -406,7 +407,7 @@ def test_concurrent_duplicates(db):
         first = post(key, batch, delay_ms=SLOW_MS)
         reply, retries = first, 0
         while reply.status == 409 and retries < 400:
-            time.sleep(0.025)   # a client backing off (Retry-After, a whole lease, would make the test slow)
+            time.sleep(0.025)   # a client backing off (Retry-After, 1 s, would make the test slow)
             reply, retries = post(key, batch, delay_ms=SLOW_MS), retries + 1
         return k, first, reply
 

@@ -25,11 +25,15 @@ const TITLES = {
 };
 // ...the headers a stored answer keeps and replays (an allow-list, lower case)...
 const DEFAULT_REPLAYED_HEADERS = ['location', 'content-location', 'link'];
-// ...and Retry-After of a 409: the seconds left of the holder's lease (or, when the holder has
-// not committed its claim yet, of a whole lease: this call's, or the server's idempotency.lease),
-// at least 1.  $n is the call's lease.
-const retryAfterSql = (leaseParam) => `greatest(1, ceil(extract(epoch FROM coalesce(expires_at - clock_timestamp(),
-  ${leaseParam}::interval, current_setting('idempotency.lease', true)::interval, interval '5 minutes'))))::int`;
+// ...and Retry-After of a 409 (seconds, RETRY_AFTER_MIN..RETRY_AFTER_MAX): the seconds left of the
+// holder's lease when its end is known (a committed claim, the two-phase pattern); while the holder
+// has not committed its claim (claim and handler in one transaction: the usual case) its answer
+// comes with its commit, so the call's wait (a duplicate that waited that long tries again after
+// as long), else 1.  $n is the call's wait.
+const RETRY_AFTER_MIN = 1;
+const RETRY_AFTER_MAX = 60;
+const retryAfterSql = (waitParam) => `greatest(${RETRY_AFTER_MIN}, least(${RETRY_AFTER_MAX}, ceil(extract(epoch FROM
+  coalesce(expires_at - clock_timestamp(), ${waitParam}::interval, interval '1 second')))))::int`;
 
 /** Which answers are stored and replayed by default: 2xx, 3xx and the deterministic 4xx
  *  (not 408, 409, 425, 429); never a 5xx. An answer not stored rolls back with the claim. */
@@ -70,7 +74,7 @@ class IdempotencyError extends Error {
     this.name = 'IdempotencyError';
     this.code = code;
     if (response !== undefined) this.response = response;
-    // for 'in_progress': seconds at most, as an HTTP 409's Retry-After (the holder's lease left)
+    // for 'in_progress': seconds to wait before delivering again, as an HTTP 409's Retry-After
     if (retryAfter !== undefined) this.retryAfter = retryAfter;
   }
 }
@@ -115,5 +119,6 @@ const sha256 = (...parts) => {
 
 module.exports = {
   MAX_IDENTIFIER_BYTES, SET_TENANT_SQL, TITLES, DEFAULT_REPLAYED_HEADERS, Refused, IdempotencyError, parseIdentifier,
-  checkTenantSetting, canonicalJson, sha256, retryAfterSql, defaultStoreStatus, perCall,
+  checkTenantSetting, canonicalJson, sha256, retryAfterSql, defaultStoreStatus, perCall, RETRY_AFTER_MIN,
+  RETRY_AFTER_MAX,
 };

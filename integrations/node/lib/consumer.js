@@ -144,7 +144,7 @@ function idempotent(fn, {
       try {
         if (setting) await client.query(SET_TENANT_SQL, [setting, tenantValue]);
         const { rows: [claim] } = await client.query(
-          `SELECT outcome, token, response, ${retryAfterSql('$4')} AS retry_after
+          `SELECT outcome, token, response, ${retryAfterSql('$6')} AS retry_after
              FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
           [tenantValue, keyValue, fingerprint, callLease, callTtl, callWait]);
         outcome = claim;

@@ -12,6 +12,7 @@
  *     replay       the stored status and body, Idempotent-Replayed: true
  *     failed       the stored failure,          Idempotent-Replayed: true
  *     in_progress  409 + Retry-After: the seconds left of the original's lease
+ *                  if its claim is committed, else the wait or 1; at most 60
  *                  (with wait, after waiting that long for its answer)
  *     mismatch     422 (the key was used for another request)
  *
@@ -197,7 +198,7 @@ function idempotency({ pool, tenant = 'X-Client-Id', lease = null, ttl = null, w
       await db.query('BEGIN');
       if (setting) await db.query(SET_TENANT_SQL, [setting, tenantId]);
       ({ rows: [claim] } = await db.query(
-        `SELECT outcome, token, response, ${bodyText('response')} AS body, ${retryAfterSql('$4')} AS retry_after
+        `SELECT outcome, token, response, ${bodyText('response')} AS body, ${retryAfterSql('$6')} AS retry_after
            FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
         [tenantId, key, requestFingerprint(req), callLease ?? null, callTtl ?? null, callWait ?? null]));
       if (claim.outcome !== 'claimed') await db.query('COMMIT');

@@ -35,6 +35,7 @@ function app() {
   };
   a.post('/plain/:status', express.json(), idempotency({ ...base, lease: '40 seconds', ttl: (req) => req.get('X-Ttl') }), route);
   a.post('/waiting/:status', express.json(), idempotency({ ...base, wait: '5 seconds' }), route);
+  a.post('/brief-wait/:status', express.json(), idempotency({ ...base, wait: '1.2 seconds' }), route);
   a.post('/only-2xx/:status', express.json(), idempotency({
     ...base, storeStatus: (status) => status >= 200 && status < 300, replayedHeaders: ['X-Trace'],
   }), route);
@@ -128,22 +129,35 @@ test('storeStatus and replayedHeaders given', { skip: skipReason }, async () => 
   assert.equal(again.headers.location, undefined);
 });
 
-test('409: Retry-After is the lease left; with wait a duplicate gets the answer', { skip: skipReason }, async () => {
+// Retry-After (docs/integrations.md): the lease left of a committed claim, else the call's wait or 1;
+// between 1 and 60
+test('409: Retry-After is the lease left, capped; with wait a duplicate gets the answer', { skip: skipReason }, async () => {
   const holder = await asTenant(pool, SHOP);
   try {
     await holder.query("SELECT idem_claim($1, 'opt-busy', lease => '20 seconds')", [SHOP]);
-    await holder.query('COMMIT');                 // a committed claim: its lease end is known
+    await holder.query("SELECT idem_claim($1, 'opt-busy-long', lease => '10 minutes')", [SHOP]);
+    await holder.query('COMMIT');                 // committed claims: their lease ends are known
     const busy = await post('/plain/201', 'opt-busy');
     assert.equal(busy.status, 409);
     assert.equal(title(busy), TITLES[409]);
     const after = Number(busy.headers['retry-after']);
     assert.ok(after >= 18 && after <= 20, `Retry-After ${busy.headers['retry-after']} is the lease left (<= 20 s)`);
+    const long = await post('/plain/201', 'opt-busy-long');
+    assert.equal(long.status, 409);
+    assert.equal(long.headers['retry-after'], '60', 'a 10-minute lease left: Retry-After capped at 60');
 
     await holder.query('BEGIN');
     if (TENANT_SETTING) await holder.query('SELECT set_config($1, $2, true)', [TENANT_SETTING, SHOP]);
     await holder.query("SELECT idem_claim($1, 'opt-busy-2')", [SHOP]);   // uncommitted: its lease end unknown
     const busy2 = await post('/plain/201', 'opt-busy-2');
-    assert.equal(busy2.headers['retry-after'], '40', 'a whole lease: this call\'s 40 seconds');
+    assert.equal(busy2.status, 409);
+    assert.equal(busy2.headers['retry-after'], '1', 'an uncommitted holder, no wait: 1 (not the lease, 40 s)');
+    const started = Date.now();
+    const busy3 = await post('/brief-wait/201', 'opt-busy-2');
+    const waitedS = (Date.now() - started) / 1000;
+    assert.equal(busy3.status, 409);
+    assert.equal(busy3.headers['retry-after'], '2', 'after waiting 1.2 s: the wait, rounded up');
+    assert.ok(waitedS >= 1.15, `the duplicate waited 1.2 s (${waitedS} s)`);
     await holder.query('ROLLBACK');
 
     await holder.query('BEGIN');
@@ -189,13 +203,23 @@ test('consumer: raiseOnMissingKey, responseHook, per-call ttl', { skip: skipReas
   await handle(pool, { days: 1 });
   assert.equal(runs, before + 2, 'raiseOnMissingKey: false runs a message without a key each time');
   assert.equal(await writes(SHOP, 'undefined'), 2);
-  const strict = idempotent(async () => 1, { key: 'id', tenant: SHOP, tenantSetting: TENANT_SETTING, lease: '45 seconds' });
+  const strict = idempotent(async () => 1, {
+    key: 'id', tenant: SHOP, tenantSetting: TENANT_SETTING, lease: '45 seconds', wait: (m) => m.wait ?? null,
+  });
   await assert.rejects(strict(pool, {}), (e) => e.code === 'invalid_key');
   const holder = await asTenant(pool, SHOP);
   try {
+    await holder.query("SELECT idem_claim($1, 'c-busy-long', lease => '10 minutes')", [SHOP]);
+    await holder.query('COMMIT');                                        // its lease end is known
+    await assert.rejects(strict(pool, { id: 'c-busy-long' }), (e) => e.code === 'in_progress' && e.retryAfter === 60,
+      'in_progress carries retryAfter: a committed claim\'s 10-minute lease left, capped at 60');
+    await holder.query('BEGIN');
+    if (TENANT_SETTING) await holder.query('SELECT set_config($1, $2, true)', [TENANT_SETTING, SHOP]);
     await holder.query("SELECT idem_claim($1, 'c-busy')", [SHOP]);       // uncommitted
-    await assert.rejects(strict(pool, { id: 'c-busy' }), (e) => e.code === 'in_progress' && e.retryAfter === 45,
-      'in_progress carries retryAfter: a whole lease (this call\'s) while the holder is uncommitted');
+    await assert.rejects(strict(pool, { id: 'c-busy' }), (e) => e.code === 'in_progress' && e.retryAfter === 1,
+      'in_progress carries retryAfter 1 while the holder is uncommitted and there is no wait (not the lease, 45 s)');
+    await assert.rejects(strict(pool, { id: 'c-busy', wait: '1.2 seconds' }),
+      (e) => e.code === 'in_progress' && e.retryAfter === 2, 'after waiting 1.2 s: retryAfter is the wait, rounded up');
   } finally {
     await holder.query('ROLLBACK');
     holder.release();

@@ -9,6 +9,7 @@ without it is refused by the server (55000 or 42501).
 """
 import asyncio
 import json
+import time
 from typing import Optional
 
 import psycopg
@@ -173,6 +174,7 @@ def options_app(pool, tenant_setting, hooks):
     base = dict(tenant="X-Client-Id", tenant_setting=tenant_setting, response_hook=hook)
     plain = Idempotency(pool, lease="40 seconds", ttl=lambda request: request.headers.get("X-Ttl"), **base)
     waiting = Idempotency(pool, wait="5 seconds", **base)
+    brief_wait = Idempotency(pool, wait=1.2, **base)
     only_2xx = Idempotency(pool, store_status=lambda status: 200 <= status < 300,
                            replayed_headers=["X-Trace"], **base)
 
@@ -192,6 +194,11 @@ def options_app(pool, tenant_setting, hooks):
     @app.post("/waiting")
     @waiting(status_code=201)
     async def waiting_endpoint(payment: Payment, conn: AsyncConnection):
+        return {"amount": payment.amount}
+
+    @app.post("/brief-wait")
+    @brief_wait(status_code=201)
+    async def brief_wait_endpoint(payment: Payment, conn: AsyncConnection):
         return {"amount": payment.amount}
 
     @app.post("/only-2xx/{status}")
@@ -273,21 +280,35 @@ async def check_options(check, admin, app_dsn, tenant_setting):
               "fastapi: store_status=2xx only leaves a 422 unstored; replayed_headers=['X-Trace'] replays X-Trace"
               " and not Location", f"{r1[0]} {stored('opt-only-422')} {r3[1]}")
 
-        # 409: its title, Retry-After from the holder's lease
+        # 409: its title, Retry-After (docs/integrations.md: the lease left of a committed claim, else the
+        # call's wait or 1; between 1 and 60)
         conn = holder()
         try:
             conn.execute("SELECT idem_claim('opt', 'opt-busy', lease => '20 seconds')")
-            conn.commit()                           # a committed claim: its lease end is known
+            conn.execute("SELECT idem_claim('opt', 'opt-busy-long', lease => '10 minutes')")
+            conn.commit()                           # committed claims: their lease ends are known
             s, h, b = await post(app, {"amount": 50}, (client, ("Idempotency-Key", "opt-busy")), path="/plain/201")
             check(s == 409 and title(b) == TITLES[409] and h.get("retry-after", "").isdigit()
                   and 18 <= int(h["retry-after"]) <= 20,
                   "fastapi: 409 while a committed claim's lease runs: Retry-After is its remaining lease (<= 20 s)",
                   f"{s} {h} {b!r}")
+            s, h, _ = await post(app, {"amount": 50}, (client, ("Idempotency-Key", "opt-busy-long")),
+                                 path="/plain/201")
+            check(s == 409 and h.get("retry-after") == "60",
+                  "fastapi: 409 while a committed claim's 10-minute lease runs: Retry-After is capped at 60",
+                  f"{s} {h}")
             conn.execute("SELECT idem_claim('opt', 'opt-busy-2')")         # uncommitted: its lease end unknown
             s, h, b = await post(app, {"amount": 51}, (client, ("Idempotency-Key", "opt-busy-2")), path="/plain/201")
-            check(s == 409 and h.get("retry-after") == "40",
-                  "fastapi: 409 while an uncommitted claim runs: Retry-After is a whole lease (this call's, 40 s)",
+            check(s == 409 and h.get("retry-after") == "1",
+                  "fastapi: 409 while an uncommitted claim runs, no wait: Retry-After 1 (not the lease, 40 s)",
                   f"{s} {h}")
+            started = time.monotonic()
+            s, h, b = await post(app, {"amount": 51}, (client, ("Idempotency-Key", "opt-busy-2")),
+                                 path="/brief-wait")
+            waited = time.monotonic() - started
+            check(s == 409 and h.get("retry-after") == "2" and waited >= 1.2,
+                  "fastapi: 409 after waiting 1.2 s for an uncommitted claim: Retry-After is the wait, rounded up (2)",
+                  f"{s} {h} waited {waited:.2f} s")
             conn.rollback()
 
             # wait: the duplicate gets the original's answer when it comes within the wait

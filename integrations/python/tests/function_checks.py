@@ -314,9 +314,32 @@ def check_in_progress(check, admin, app, app_dsn):
         holder.execute("SELECT idem_claim('billing', 'o-busy')")     # held, uncommitted
         before = calls["charge"]
         e = raises(IdempotencyInProgressError, lambda: h.charge(app, {"order_id": "o-busy", "amount": 3}))
-        check(isinstance(e, IdempotencyInProgressError) and calls["charge"] == before and e.retry_after == 300,
-              "consumer: a key another transaction holds raises IdempotencyInProgressError, retry_after a whole"
-              " lease (the holder's claim is uncommitted; the server's 5 minutes)",
+        check(isinstance(e, IdempotencyInProgressError) and calls["charge"] == before and e.retry_after == 1,
+              "consumer: a key another transaction holds raises IdempotencyInProgressError, retry_after 1 (the"
+              " holder's claim is uncommitted, no wait: not the server's 5-minute lease)",
+              f"{e!r} {getattr(e, 'retry_after', None)}")
+
+        @idempotent_function(key="id", tenant="billing", wait=lambda event: event["wait"], tenant_setting=setting)
+        def patient(conn, event):
+            ran("patient")
+
+        started = time.monotonic()
+        e = raises(IdempotencyInProgressError, lambda: patient(app, {"id": "o-busy", "wait": "1.2 seconds"}))
+        waited = time.monotonic() - started
+        check(isinstance(e, IdempotencyInProgressError) and e.retry_after == 2 and waited >= 1.2
+              and "patient" not in calls,
+              "consumer: after waiting 1.2 s for an uncommitted holder, retry_after is the wait rounded up (2)",
+              f"{e!r} {getattr(e, 'retry_after', None)} waited {waited:.2f} s")
+        long_lease = psycopg.connect(app_dsn)
+        try:
+            as_tenant(long_lease, "billing")
+            long_lease.execute("SELECT idem_claim('billing', 'o-busy-long', lease => '10 minutes')")
+            long_lease.commit()                     # a committed claim: its lease end is known
+        finally:
+            long_lease.close()
+        e = raises(IdempotencyInProgressError, lambda: patient(app, {"id": "o-busy-long", "wait": None}))
+        check(isinstance(e, IdempotencyInProgressError) and e.retry_after == 60 and "patient" not in calls,
+              "consumer: a committed claim's 10-minute lease: retry_after capped at 60",
               f"{e!r} {getattr(e, 'retry_after', None)}")
         holder.rollback()
         result = h.charge(app, {"order_id": "o-busy", "amount": 3})

@@ -8,8 +8,8 @@ claim, the work's own writes and the stored result in one transaction.
 The FastAPI part is imported only from idempotency_pg.fastapi, so consumers
 need neither FastAPI nor pydantic.
 """
-from .core import (IdempotencyError, IdempotencyInProgressError, IdempotencyKeyError,
-                   IdempotencyPayloadMismatchError, IdempotencyStoredFailureError)
+from .core import (RETRY_AFTER_MAX, RETRY_AFTER_MIN, IdempotencyError, IdempotencyInProgressError,
+                   IdempotencyKeyError, IdempotencyPayloadMismatchError, IdempotencyStoredFailureError)
 from .function import idempotent_function
 
 __version__ = "2.0.0"
@@ -18,4 +18,4 @@ EXTENSION_VERSION = "1.2"
 
 __all__ = ["IdempotencyError", "IdempotencyInProgressError", "IdempotencyKeyError",
            "IdempotencyPayloadMismatchError", "IdempotencyStoredFailureError", "idempotent_function",
-           "__version__", "EXTENSION_VERSION"]
+           "__version__", "EXTENSION_VERSION", "RETRY_AFTER_MIN", "RETRY_AFTER_MAX"]

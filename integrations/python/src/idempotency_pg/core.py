@@ -32,11 +32,15 @@ TITLE_IN_PROGRESS = "A request with this Idempotency-Key is still being processe
 TITLE_MISMATCH = "This Idempotency-Key was used for a different request"
 # ...the headers a stored answer keeps and replays (an allow-list, lower case)...
 DEFAULT_REPLAYED_HEADERS = ("location", "content-location", "link")
-# ...and Retry-After of a 409: the seconds left of the holder's lease (or, when
-# the holder has not committed its claim yet, of a whole lease: this call's, or
-# the server's idempotency.lease), at least 1.  %s is the call's lease.
-RETRY_AFTER_SQL = ("greatest(1, ceil(extract(epoch FROM coalesce(expires_at - clock_timestamp(), %s::interval,"
-                   " current_setting('idempotency.lease', true)::interval, interval '5 minutes'))))::int")
+# ...and Retry-After of a 409 (seconds, RETRY_AFTER_MIN..RETRY_AFTER_MAX): the
+# seconds left of the holder's lease when its end is known (a committed claim,
+# the two-phase pattern); while the holder has not committed its claim (claim
+# and handler in one transaction: the usual case) its answer comes with its
+# commit, so the call's wait (a duplicate that waited that long tries again
+# after as long), else 1.  %s is the call's wait.
+RETRY_AFTER_MIN, RETRY_AFTER_MAX = 1, 60
+RETRY_AFTER_SQL = (f"greatest({RETRY_AFTER_MIN}, least({RETRY_AFTER_MAX}, ceil(extract(epoch FROM"
+                   " coalesce(expires_at - clock_timestamp(), %s::interval, interval '1 second')))))::int")
 # 4xx answers that may differ on a retry (the IETF draft's advice: never store a 409)
 NOT_DETERMINISTIC_4XX = frozenset({408, 409, 425, 429})
 
@@ -61,9 +65,9 @@ class IdempotencyKeyError(IdempotencyError, ValueError):
 class IdempotencyInProgressError(IdempotencyError):
     """Another transaction holds the key: the original is still running (or
     committed a claim whose lease is live).  Retry later with the same key;
-    a queue consumer should nack or requeue with a delay: retry_after
-    seconds at most (the holder's lease left, or a whole lease while the
-    holder has not committed its claim), as an HTTP 409's Retry-After."""
+    a queue consumer should nack or requeue with a delay of retry_after
+    seconds, as an HTTP 409's Retry-After: the holder's lease left when its
+    claim is committed, else the call's wait or 1; between 1 and 60."""
 
     def __init__(self, tenant: str, key: str, lease_expires_at=None, retry_after: Optional[int] = None):
         super().__init__(f'The idempotency key "{key}" of tenant "{tenant}" is being processed'

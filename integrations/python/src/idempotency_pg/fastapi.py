@@ -10,6 +10,7 @@ writes and the stored response in ONE database transaction.
       replay       the stored status and body, Idempotent-Replayed: true
       failed       the stored failure,          Idempotent-Replayed: true
       in_progress  409 + Retry-After: the seconds left of the original's lease
+                   if its claim is committed, else the wait or 1; at most 60
                    (with wait, after waiting that long for its answer)
       mismatch     422 (the key was used for another request)
     COMMIT
@@ -317,7 +318,7 @@ class Idempotency:
                 await cur.execute(
                     f"SELECT outcome, token, response, {BODY_TEXT.format('response')}, {RETRY_AFTER_SQL}"
                     " FROM idem_claim(%s, %s, %s, lease => %s::interval, ttl => %s::interval, wait => %s::interval)",
-                    (lease, tenant, key, fp, lease, ttl, wait))
+                    (wait, tenant, key, fp, lease, ttl, wait))
                 outcome, token, stored, body, retry_after = await cur.fetchone()
                 if outcome in ("replay", "failed"):
                     return render(stored, body, replayed=True), True

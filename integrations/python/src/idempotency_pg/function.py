@@ -36,7 +36,7 @@ from .core import (RETRY_AFTER_SQL, SET_TENANT_SQL, IdempotencyInProgressError, 
 
 __all__ = ["idempotent_function"]
 
-# the first parameter is the call's lease, for Retry-After (as the HTTP integration's 409 says it)
+# the first parameter is the call's wait, for retry_after (as the HTTP integration's 409 says it)
 CLAIM_SQL = (f"SELECT outcome, token, response, expires_at, {RETRY_AFTER_SQL} FROM idem_claim(%s, %s, %s,"
              " lease => %s::interval, ttl => %s::interval, wait => %s::interval)")
 # store the result and read back what was stored: the first call returns what every replay returns
@@ -189,7 +189,7 @@ def _decorate(func, options):
                 cur = conn.cursor(row_factory=tuple_row)
                 if settings.tenant_setting:
                     await cur.execute(SET_TENANT_SQL, (settings.tenant_setting, claim_args[0]))
-                await cur.execute(CLAIM_SQL, (claim_args[3], *claim_args))
+                await cur.execute(CLAIM_SQL, (claim_args[5], *claim_args))
                 outcome, token, stored, *expiry = await cur.fetchone()
                 if outcome == "claimed":
                     result = await func(*args, **kwargs)
@@ -209,7 +209,7 @@ def _decorate(func, options):
             cur = conn.cursor(row_factory=tuple_row)
             if settings.tenant_setting:
                 cur.execute(SET_TENANT_SQL, (settings.tenant_setting, claim_args[0]))
-            cur.execute(CLAIM_SQL, (claim_args[3], *claim_args))
+            cur.execute(CLAIM_SQL, (claim_args[5], *claim_args))
             outcome, token, stored, *expiry = cur.fetchone()
             if outcome == "claimed":
                 result = func(*args, **kwargs)
