@@ -40,4 +40,4 @@ prove_installcheck:
 
 # PGXS tracks no header dependencies: every object depends on the shared
 # headers, so a changed struct never leaves a stale object behind.
-$(OBJS): src/idempotency.h src/compat.h
+$(OBJS): $(wildcard src/*.h)

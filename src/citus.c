@@ -37,15 +37,11 @@
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
+#include "citus_compat.h"
 #include "compat.h"
 #include "idempotency.h"
 
 PG_FUNCTION_INFO_V1(idem_current_tenant);
-
-/* pg_dist_partition.logicalrelid, its first column */
-#define DIST_PARTITION_LOGICALRELID	1
-/* pg_dist_object.objid, its second column */
-#define DIST_OBJECT_OBJID			2
 
 /* Does Citus's catalog table catalog have a row whose column att is oid? */
 static bool
@@ -77,7 +73,7 @@ citus_catalog_lists(const char *catalog_name, AttrNumber att, Oid oid)
 bool
 idem_citus_is_distributed(Oid table)
 {
-	return citus_catalog_lists("pg_dist_partition", DIST_PARTITION_LOGICALRELID, table);
+	return citus_catalog_lists("pg_dist_partition", CITUS_DIST_PARTITION_LOGICALRELID, table);
 }
 
 /* this node's shards of a distributed table, by schema-qualified name */
@@ -170,7 +166,7 @@ static bool
 distributed_function_of_ours(Oid fn_oid)
 {
 	return own_function_symbol(fn_oid) != NULL &&
-		citus_catalog_lists("pg_dist_object", DIST_OBJECT_OBJID, fn_oid);
+		citus_catalog_lists("pg_dist_object", CITUS_DIST_OBJECT_OBJID, fn_oid);
 }
 
 /*

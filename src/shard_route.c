@@ -26,7 +26,8 @@
  *
  * The lock is an advisory lock whose tag Citus 13 and 14 build from the
  * table's colocation group and the shard's index in it (resource_lock.h,
- * SetLocktagForShardDistributionMetadata); it is built here the same way.
+ * SetLocktagForShardDistributionMetadata); it is built here the same way,
+ * from the copy of Citus's layout in citus_compat.h.
  * Where Citus's library exports its functions for the transaction's
  * local execution status (Citus built for PostgreSQL 15), they are called.
  * From PostgreSQL 16 on PGXS builds a module with its symbols hidden but
@@ -41,8 +42,9 @@
  * ends, a rolled-back subtransaction included, so one proof serves every
  * shard of the transaction.
  *
- * The shortcut is taken only where all of this is known to hold: Citus 13
- * or 14 (the versions the tests run), the table hash-distributed by
+ * The shortcut is taken only where all of this is known to hold: a Citus
+ * major that citus_compat.h was read from (13 or 14, the versions the tests
+ * run), the table hash-distributed by
  * tenant_id, local execution on (citus.enable_local_execution) and not
  * switched off for this transaction, and the hash of a probe value placing
  * it in the shard Citus names for it.  Anywhere else store.c runs the
@@ -70,20 +72,9 @@
 #include "utils/regproc.h"
 #include "utils/typcache.h"
 
+#include "citus_compat.h"
 #include "compat.h"
 #include "idempotency.h"
-
-/* Citus's LocalExecutionStatus (local_executor.h, the same in 13 and 14) */
-#define CITUS_LOCAL_EXECUTION_REQUIRED	0
-#define CITUS_LOCAL_EXECUTION_DISABLED	2
-
-/*
- * The classes of Citus's advisory locks on a shard's placement metadata
- * (AdvisoryLocktagClass in resource_lock.h, the same in 13 and 14): by
- * shard, and by colocation group and shard index.
- */
-#define CITUS_LOCKTAG_SHARD_METADATA			4
-#define CITUS_LOCKTAG_COLOCATED_SHARDS_METADATA	8
 
 typedef int (*LocalExecutionStatusFn) (void);
 typedef void (*SetLocalExecutionStatusFn) (int status);
@@ -159,10 +150,12 @@ find_status_functions(void)
 	if (local_execution_status == NULL || set_local_execution_status == NULL)
 	{
 		local_execution_status = (LocalExecutionStatusFn)
-			load_external_function("$libdir/citus", "GetCurrentLocalExecutionStatus",
+			load_external_function(CITUS_LIBRARY,
+								   CITUS_GET_LOCAL_EXECUTION_STATUS_SYMBOL,
 								   false, NULL);
 		set_local_execution_status = (SetLocalExecutionStatusFn)
-			load_external_function("$libdir/citus", "SetLocalExecutionStatus",
+			load_external_function(CITUS_LIBRARY,
+								   CITUS_SET_LOCAL_EXECUTION_STATUS_SYMBOL,
 								   false, NULL);
 	}
 	return local_execution_status != NULL && set_local_execution_status != NULL;
@@ -228,7 +221,8 @@ table_allows_routing(Oid table, int64 *probe_shard)
 	if (isnull)
 		return false;
 	major = atoi(version);
-	return (major == 13 || major == 14) && strcmp(method, "h") == 0 &&
+	return major >= CITUS_MAJOR_FIRST && major <= CITUS_MAJOR_LAST &&
+		strcmp(method, "h") == 0 &&
 		strcmp(column, "tenant_id") == 0;
 }
 
@@ -326,11 +320,10 @@ lock_placement_metadata(RoutedShard *shard, LOCKMODE mode)
 	LOCKTAG		tag;
 
 	if (map.colocation_id != 0)
-		SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, shard->index, map.colocation_id,
-							 CITUS_LOCKTAG_COLOCATED_SHARDS_METADATA);
+		CITUS_SET_LOCKTAG_COLOCATED_SHARDS_METADATA(tag, MyDatabaseId,
+													map.colocation_id, shard->index);
 	else
-		SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (shard->shard_id >> 32),
-							 (uint32) shard->shard_id, CITUS_LOCKTAG_SHARD_METADATA);
+		CITUS_SET_LOCKTAG_SHARD_METADATA(tag, MyDatabaseId, shard->shard_id);
 	(void) LockAcquire(&tag, mode, false, false);
 }
 
