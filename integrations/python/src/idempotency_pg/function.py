@@ -9,7 +9,8 @@ at most once per (tenant, key): queue consumers, scheduled jobs, webhooks.
 One transaction on the function's own connection:
 
     idem_claim(tenant, key, fingerprint)
-      claimed      call the function, store {"result": its return value} with
+      claimed      call the function, store its return value (as JSON, the
+                   value itself, as the Node.js and Go packages store it) with
                    idem_complete; its writes, the claim and the result commit
                    together; return the result as stored (JSON read back)
       replay       return the stored result without calling the function
@@ -276,16 +277,17 @@ class _Settings:
         return conn, (tenant, key, fingerprint, *(f(event) for f in self.intervals))
 
     def document(self, result) -> Jsonb:
-        """What idem_complete stores: {"result": ...}, so that None is a result too."""
-        return Jsonb({"result": result}, dumps=self._dumps)
+        """What idem_complete stores: the result itself (None as JSON null), the
+        shape the Node.js and Go packages store, so a record written by one
+        replays in the others."""
+        return Jsonb(result, dumps=self._dumps)
 
     def _dumps(self, value) -> str:
         return json.dumps(value, default=self.encoder, ensure_ascii=False, separators=(",", ":"))
 
     def answer(self, stored, replayed: bool):
         """What the caller gets of a stored document, the first time as on a replay."""
-        # a record another writer completed (an HTTP handler, SQL) is returned whole
-        result = stored["result"] if isinstance(stored, dict) and stored.keys() == {"result"} else stored
+        result = stored
         if self.serializer is not None:
             result = self.serializer(result)
         if self.response_hook is not None:
