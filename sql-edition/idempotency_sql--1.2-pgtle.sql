@@ -515,6 +515,14 @@ BEGIN
         RETURN;
     END IF;
     bytes := pg_column_size(value) - 4;
+    IF pg_column_compression(value) IS NOT NULL THEN
+        -- compressed (a value read from a table): its size uncompressed, as
+        -- the C edition counts it, is that of the same document built anew
+        bytes := pg_column_size(CASE jsonb_typeof(value)
+                                    WHEN 'object' THEN value || '{}'::jsonb
+                                    WHEN 'array' THEN value || '[]'::jsonb
+                                    ELSE to_jsonb(value #>> '{}') END) - 4;
+    END IF;
     most := @extschema@.idem_sql_setting('idempotency.max_response_size', 'B', 1048576);
     IF bytes > most THEN
         RAISE EXCEPTION '% is too large', name USING ERRCODE = '54000',
@@ -569,6 +577,23 @@ BEGIN
         END IF;
     END IF;
     RETURN old + 1;
+END
+$fn$;
+
+-- A record with a null where the C edition's table has NOT NULL (the
+-- column's constraint dropped and the row written around the functions):
+-- the C edition's error.
+CREATE FUNCTION @extschema@.idem_sql_null_column(status text, token bigint, expires_at timestamptz)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    RAISE EXCEPTION 'an idempotency record has a null value in column "%"',
+        CASE WHEN status IS NULL THEN 'status' WHEN token IS NULL THEN 'token' ELSE 'expires_at' END
+        USING ERRCODE = '55000',
+              DETAIL = 'The idempotency extension made the column NOT NULL, and its functions never store a null there.',
+              HINT = 'Correct or delete the record, and restore the column''s NOT NULL constraint.';
 END
 $fn$;
 
@@ -710,10 +735,7 @@ BEGIN
         found_row := FOUND;
         IF found_row THEN
             IF r.status IS NULL OR r.token IS NULL OR r.expires_at IS NULL THEN
-                RAISE EXCEPTION 'an idempotency record has a null value in column "%"',
-                    CASE WHEN r.status IS NULL THEN 'status' WHEN r.token IS NULL THEN 'token'
-                         ELSE 'expires_at' END
-                    USING ERRCODE = '55000';
+                PERFORM @extschema@.idem_sql_null_column(r.status, r.token, r.expires_at);
             END IF;
             fp_differs := r.fingerprint IS NOT NULL AND p_fingerprint IS NOT NULL
                           AND r.fingerprint <> p_fingerprint;
@@ -1195,7 +1217,8 @@ BEGIN
     PERFORM @extschema@.idem_sql_identifier(tenant_id, 'tenant_id', true);
     PERFORM @extschema@.idem_sql_identifier(key, 'key', true);
     PERFORM @extschema@.idem_sql_check_tenant(tenant_id);
-    RETURN QUERY
+    FOR status, token, response, fingerprint, lease_expires_at, expires_at, created_at, updated_at,
+        recovery_point, state IN
         SELECT CASE WHEN t.status = 'processing' AND t.recovery_point IS NOT NULL
                          AND CASE WHEN t.lease_expires_at IS NOT NULL THEN t.lease_expires_at
                                   ELSE t.expires_at END <= clock_timestamp()
@@ -1203,7 +1226,13 @@ BEGIN
                t.token, t.response, t.fingerprint, t.lease_expires_at, t.expires_at,
                t.created_at, t.updated_at, t.recovery_point, t.state
           FROM @extschema@.idempotency_records t
-         WHERE t.tenant_id = idem_lookup.tenant_id AND t.key = idem_lookup.key;
+         WHERE t.tenant_id = idem_lookup.tenant_id AND t.key = idem_lookup.key
+    LOOP
+        IF status IS NULL OR token IS NULL OR expires_at IS NULL THEN
+            PERFORM @extschema@.idem_sql_null_column(status, token, expires_at);
+        END IF;
+        RETURN NEXT;
+    END LOOP;
 END
 $fn$;
 

@@ -14,7 +14,7 @@ SELECT pg_sleep(0.05);
 SELECT status, recovery_point FROM idem_lookup('r', 'order-1');
 SELECT * FROM idem_sweep();
 SELECT outcome, token > :t1 AS newer_token, recovery_point, state
-  FROM idem_claim('r', 'order-1', lease => '10 ms');
+  FROM idem_claim('r', 'order-1', lease => '1 min');
 SELECT status FROM idem_lookup('r', 'order-1');
 
 -- the old holder is fenced off; the new one completes

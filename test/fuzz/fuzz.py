@@ -106,6 +106,7 @@ POOL_KEYS = (['k%03d' % i for i in range(150)] +
               "it's", 'back\\slash', 'semi;colon', "'); DROP TABLE idempotency_records; --",
               '%s%n%x%p', '\t\n\r spaces ', 'NULL', 'null', ' ', 'e\u0301', '\u200b',
               '\u202eevil', '\ufeffbom', '\U0010ffff', '😀', '$1', '$$', 'OPERATOR(pg_catalog.=)'])
+EDITION = 'c'                                  # --edition: 'sql' for the SQL edition
 BUSY_KEYS = ['busy-%d' % i for i in range(8)]       # held uncommitted by another session
 FINGERPRINTS = ['fp-a', 'fp-b', 'fp-ü', 'f' * 255, '🦄' * 63 + 'xyz']
 
@@ -738,8 +739,10 @@ class Generator:
             # as wait says.  Leases here reach years, so long waits go to keys
             # nobody holds (fresh ones); keys that may be held get short waits.
             # (A key held by an uncommitted claim, BUSY_KEYS, is a lock wait,
-            # which the session's lock_timeout of 20 ms bounds.)
-            busy = key.value in BUSY_KEYS and tenant.value == 'fz'
+            # which the session's lock_timeout of 20 ms bounds; the SQL
+            # edition's wait polls, which lock_timeout does not end, so there
+            # it gets a short wait too: docs/managed.md, difference 7.)
+            busy = key.value in BUSY_KEYS and tenant.value == 'fz' and EDITION != 'sql'
             if wait is not None and wait.kind == 'dur' and wait.us > WAIT_CAP_US and not key.fresh \
                     and key.kind == 'ok' and not busy:
                 if rng.random() < 0.5:
@@ -1105,10 +1108,18 @@ def setup(args):
     conn = connect(args, args.owner)
     conn.autocommit = True
     cur = conn.cursor()
-    cur.execute("""SELECT n.nspname FROM pg_catalog.pg_extension e
-                   JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
-                   WHERE e.extname = 'idempotency'""")
+    if args.edition == 'sql':
+        # the SQL edition (sql-edition/, installed by the suite): no
+        # extension; its schema is idempotency_records' on the search_path
+        cur.execute("""SELECT c.relnamespace::pg_catalog.regnamespace::text FROM pg_catalog.pg_class c
+                       WHERE c.oid = pg_catalog.to_regclass('idempotency_records')""")
+    else:
+        cur.execute("""SELECT n.nspname FROM pg_catalog.pg_extension e
+                       JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+                       WHERE e.extname = 'idempotency'""")
     row = cur.fetchone()
+    if row is None and args.edition == 'sql':
+        raise SystemExit('fuzz.py --edition sql: no idempotency_records on the search_path')
     if row is None:
         cur.execute('CREATE EXTENSION idempotency')
         cur.execute("""SELECT n.nspname FROM pg_catalog.pg_extension e
@@ -1127,16 +1138,30 @@ def setup(args):
     cur.execute('GRANT SELECT, INSERT, UPDATE, DELETE ON %s.idempotency_records TO idem_fuzz' % sq)
     # ... and EXECUTE on every function of the extension, so that the
     # operator functions (idem_forget, idem_sweep, ...) are fuzzed as well
-    cur.execute("""SELECT p.oid::pg_catalog.regprocedure::text, p.proname,
-                          coalesce(p.proargnames, '{}'), p.proargtypes::pg_catalog.regtype[]::text[],
-                          p.pronargs
-                   FROM pg_catalog.pg_depend d
-                   JOIN pg_catalog.pg_proc p ON p.oid = d.objid
-                   JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid
-                   WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
-                     AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
-                     AND d.deptype = 'e' AND e.extname = 'idempotency'
-                   ORDER BY 2""")
+    # (the SQL edition: every idem_* function of its schema but the internal
+    # idem_sql_* helpers; the three SECURITY DEFINER ones are granted as
+    # docs/managed.md's "Grants" says)
+    if args.edition == 'sql':
+        cur.execute('GRANT EXECUTE ON FUNCTION %s.idem_sql_fresh_tokens(integer), %s.idem_sql_successor_token(bigint),'
+                    ' %s.idem_sql_isolation_setting() TO idem_fuzz' % (sq, sq, sq))
+        cur.execute("""SELECT p.oid::pg_catalog.regprocedure::text, p.proname,
+                                  coalesce(p.proargnames, '{}'), p.proargtypes::pg_catalog.regtype[]::text[],
+                                  p.pronargs
+                       FROM pg_catalog.pg_proc p
+                       WHERE p.pronamespace = %s::pg_catalog.regnamespace AND p.proname LIKE 'idem\\_%%'
+                         AND p.proname NOT LIKE 'idem\\_sql\\_%%' AND p.prokind = 'f'
+                       ORDER BY 2""", (schema,))
+    else:
+        cur.execute("""SELECT p.oid::pg_catalog.regprocedure::text, p.proname,
+                                  coalesce(p.proargnames, '{}'), p.proargtypes::pg_catalog.regtype[]::text[],
+                                  p.pronargs
+                       FROM pg_catalog.pg_depend d
+                       JOIN pg_catalog.pg_proc p ON p.oid = d.objid
+                       JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid
+                       WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                         AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+                         AND d.deptype = 'e' AND e.extname = 'idempotency'
+                       ORDER BY 2""")
     fns = cur.fetchall()
     generic = []
     for sig, name, argnames, argtypes, nargs in fns:
@@ -1202,7 +1227,7 @@ def scan_log(path, offset):
 
 
 def main():
-    global BATCH_TIMEOUT
+    global BATCH_TIMEOUT, EDITION
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--host', default='127.0.0.1')
     ap.add_argument('--port', type=int, default=5432)
@@ -1211,6 +1236,8 @@ def main():
     ap.add_argument('--calls', type=int, default=100000)
     ap.add_argument('--seed', type=int, default=1)
     ap.add_argument('--server-log', help='server log to scan for crashes')
+    ap.add_argument('--edition', choices=('c', 'sql'), default=os.environ.get('IDEM_EDITION', 'c'),
+                    help='the C extension, or the SQL edition installed in the search_path (IDEM_EDITION)')
     ap.add_argument('--batch-timeout', default=BATCH_TIMEOUT,
                     help='statement_timeout of a batch of %d calls (a hang detector)' % BATCH)
     ap.add_argument('--show', type=int, help='print generated call N (0-based, across phases) and exit')
@@ -1218,6 +1245,7 @@ def main():
 
     documented = load_documented(os.path.join(HERE, 'sqlstates.txt'))
     BATCH_TIMEOUT = args.batch_timeout
+    EDITION = args.edition
 
     if args.show is not None:
         n = args.show

@@ -22,6 +22,7 @@ at most MAX_BATCH, until COMMIT: a fenced write keeps the key's lock), or
 its single claims' own (docs/capacity.md).  Prints CHECK lines like soak.py.
 """
 import argparse
+import os
 import json
 import random
 import sys
@@ -46,6 +47,8 @@ def parse_args():
     ap.add_argument('--keys', type=int, default=3000)
     ap.add_argument('--seed', type=int, default=1)
     ap.add_argument('--seconds', type=float, default=120.0, help='give up after this long')
+    ap.add_argument('--edition', choices=('c', 'sql'), default=os.environ.get('IDEM_EDITION', 'c'),
+                    help='the C extension, or the SQL edition already installed (IDEM_EDITION)')
     return ap.parse_args()
 
 
@@ -152,9 +155,11 @@ def monitor(run):
     conn.autocommit = True
     cur = conn.cursor()
     while not run.stop.is_set():
-        # key locks only: their class (src/keylock.c) is the fourth field
+        # key locks only: their class (src/keylock.c) is the fourth field;
+        # the SQL edition's are pg_advisory_xact_lock(bigint)'s, objsubid 1
+        # (docs/managed.md, difference 5), and nothing else here takes one
         cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                    " AND objsubid = %s", (KEYLOCK_CLASS,))
+                    " AND objsubid = %s", (1 if run.args.edition == 'sql' else KEYLOCK_CLASS,))
         n = cur.fetchone()[0]
         with run.lock:
             run.max_key_locks = max(run.max_key_locks, n)
@@ -173,7 +178,8 @@ def main():
     setup = run.connect()
     setup.autocommit = True
     cur = setup.cursor()
-    cur.execute("CREATE EXTENSION IF NOT EXISTS idempotency")
+    if args.edition == 'c':
+        cur.execute("CREATE EXTENSION IF NOT EXISTS idempotency")
     cur.execute("DROP TABLE IF EXISTS effects")
     cur.execute("CREATE TABLE effects (key text, token bigint)")
     cur.execute("DELETE FROM idempotency_records WHERE tenant_id = 'b'")
