@@ -9,7 +9,7 @@
  * is installed, so every function answers "not distributed" / "no shards"
  * on a plain server.  One call shape that crashes Citus is refused here
  * before Citus sees it.  The hot path asks only idem_citus_is_distributed(),
- * once per (re)attach of the table (store.c caches the answer until the
+ * once per (re)attach of the table (store_attach.c caches the answer until the
  * table's relcache entry is invalidated, which distributing it does).
  * Running a key's statements on its shard of this node is shard_route.c's
  * job, and that file does call Citus's own functions.
@@ -236,7 +236,7 @@ pulled_up_call(Query *q)
  * query deparser) on a SELECT whose FROM holds a subquery that calls a
  * distributed function in its own FROM and is pulled up, such as
  * SELECT outcome FROM (SELECT * FROM idem_claim(...)) s.  Called by the
- * planner hook (readers.c) for every statement; costs a look at its range
+ * planner hook (hooks.c) for every statement; costs a look at its range
  * table unless such a subquery is there.
  */
 void
@@ -339,7 +339,7 @@ drop_distributed_shards(void)
 }
 
 /*
- * Called by the utility hook (readers.c) before every DROP statement: a
+ * Called by the utility hook (hooks.c) before every DROP statement: a
  * DROP EXTENSION naming this extension drops the shards first.
  */
 void

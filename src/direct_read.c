@@ -68,7 +68,7 @@ typedef struct RecordColumns
 static Oid	read_table = InvalidOid;
 static Oid	read_index = InvalidOid;
 static bool read_table_distributed = false;
-static const char *read_isolation_setting = NULL;	/* store.c's */
+static const char *read_isolation_setting = NULL;	/* store_attach.c's */
 static RecordColumns columns;
 
 /*
@@ -95,7 +95,7 @@ key_index_usable(Oid key_index)
 
 /*
  * Point the reader at table and its (tenant_id, key) index, and say
- * whether Citus distributes the table; called by store.c whenever it
+ * whether Citus distributes the table; called by store_attach.c whenever it
  * (re)attaches to the table, after the shape check.
  */
 void
@@ -122,7 +122,7 @@ idem_direct_read_attach(Oid table, Oid key_index, bool distributed,
  * Would the prepared SELECT see the rows of tenant as the index holds
  * them, and be allowed to name the table (usage of its schema)?  With no
  * policy applying to the caller, yes; with the extension's own tenant
- * isolation (store.c recognises it), when the policy admits tenant: it is
+ * isolation (store_attach.c recognises it), when the policy admits tenant: it is
  * one comparison of tenant_id with a setting, the same for every row of
  * the tenant, evaluated here as the policy would.  (With row_security off
  * the SELECT raises an error of its own.)  Any other policy: no.

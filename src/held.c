@@ -27,7 +27,7 @@
  *	  fail, any call inside a subtransaction) first writes the claim, then
  *	  runs exactly as for a written claim.
  *
- *	- Before anything could read the table (readers.c: a statement whose
+ *	- Before anything could read the table (hooks.c: a statement whose
  *	  plan names it, a utility command, one of our own reading functions),
  *	  held claims are written as their history: the processing row stamped
  *	  with the claim's command ID, then the settle stamped with its own.
@@ -83,19 +83,14 @@ static IdemHeldClaim *held = NULL;
 static int	held_allocated = 0;
 static int	held_used = 0;
 static bool writing_all = false;
-static bool callbacks_registered = false;
 
 /*
  * Some claim is held and not written: the executor and utility hooks
- * (readers.c) do nothing else unless this is set.
+ * (hooks.c) do nothing else unless this is set.
  */
 bool		idem_claims_held = false;
 
 static CommandId act_as_statement(void);
-static void held_xact_callback(XactEvent event, void *arg);
-static void held_subxact_callback(SubXactEvent event,
-									 SubTransactionId mySubid,
-									 SubTransactionId parentSubid, void *arg);
 
 static bool
 is_held(const IdemHeldClaim *p)
@@ -278,16 +273,6 @@ act_as_statement(void)
 	return GetCurrentCommandId(true);
 }
 
-static void
-register_callbacks(void)
-{
-	if (callbacks_registered)
-		return;
-	RegisterXactCallback(held_xact_callback, NULL);
-	RegisterSubXactCallback(held_subxact_callback, NULL);
-	callbacks_registered = true;
-}
-
 /*
  * Hold a fresh claim.  The caller holds the key lock and has read, after
  * taking it, that the key has no record; idem_held_allowed() said yes.
@@ -309,7 +294,6 @@ idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
 		return false;
 	cid = act_as_statement();
 
-	register_callbacks();
 	if (held_context == NULL)
 	{
 		held_context = AllocSetContextCreate(TopTransactionContext,
@@ -573,7 +557,7 @@ oldest_held(void)
 /*
  * Write every held claim as its history, before something that could read
  * the table: a statement whose plan names it, a utility command, or one of
- * our functions that reads more than its own key (readers.c, lookup.c).
+ * our functions that reads more than its own key (hooks.c, lookup.c).
  */
 void
 idem_held_write_all(void)
@@ -646,53 +630,43 @@ idem_held_write_final(void)
 	PG_END_TRY();
 }
 
-static void
-held_xact_callback(XactEvent event, void *arg)
+/*
+ * The transaction has ended (committed, aborted or prepared): held claims
+ * and their memory go with TopTransactionContext.  hooks.c calls this at
+ * every end; COMMIT and pre-commit wrote what had to be written.
+ */
+void
+idem_held_xact_ended(void)
 {
-	switch (event)
-	{
-		case XACT_EVENT_PRE_COMMIT:
-		case XACT_EVENT_PRE_PREPARE:
-			/* COMMIT wrote them already (readers.c): this covers the rest */
-			idem_held_write_final();
-			break;
-		case XACT_EVENT_COMMIT:
-		case XACT_EVENT_ABORT:
-		case XACT_EVENT_PREPARE:
-		case XACT_EVENT_PARALLEL_COMMIT:
-		case XACT_EVENT_PARALLEL_ABORT:
-			/* the memory goes with TopTransactionContext */
-			held_context = NULL;
-			held = NULL;
-			held_allocated = 0;
-			held_used = 0;
-			writing_all = false;
-			idem_claims_held = false;
-			break;
-		default:
-			break;
-	}
+	held_context = NULL;
+	held = NULL;
+	held_allocated = 0;
+	held_used = 0;
+	writing_all = false;
+	idem_claims_held = false;
 }
 
-static void
-held_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
-						 SubTransactionId parentSubid, void *arg)
+/*
+ * Subtransaction sub has ended (committed into parent, or rolled back): a
+ * claim written in it is held again if the write was rolled back, and
+ * belongs to the parent if it committed.
+ */
+void
+idem_held_subxact_ended(SubTransactionId sub, SubTransactionId parent,
+						bool committed)
 {
 	for (int i = held_used - 1; i >= 0; i--)
 	{
 		IdemHeldClaim *p = &held[i];
 
-		if (p->written_in != mySubid)
+		if (p->written_in != sub)
 			continue;
-		if (event == SUBXACT_EVENT_ABORT_SUB)
+		if (!committed)
 			p->written_in = InvalidSubTransactionId;	/* the write is undone */
-		else if (event == SUBXACT_EVENT_COMMIT_SUB)
-		{
-			if (parentSubid == TopSubTransactionId)
-				remove_entry(i);
-			else
-				p->written_in = parentSubid;
-		}
+		else if (parent == TopSubTransactionId)
+			remove_entry(i);
+		else
+			p->written_in = parent;
 	}
 	update_held_flag();
 }

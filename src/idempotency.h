@@ -4,21 +4,25 @@
  *
  * The modules, one concern each, by layer (a file calls only files of a
  * lower layer: test/layers/check.py, docs/design.md):
- *	7 idempotency.c	module magic and _PG_init (registration only)
- *	6 claim_many.c	idem_claim_many (a consumer's batch in one statement)
- *	6 worker.c		the sweeper: a launcher and short-lived per-database workers
- *	6 readers.c		the executor and utility hooks that write held claims in time
- *	5 claim.c		idem_claim: read, decide, lock, write
- *	5 settle.c		idem_complete, idem_release, idem_heartbeat, idem_checkpoint
- *	5 lookup.c		idem_lookup, idem_forget
- *	5 sweep.c		idem_sweep and the batch the background worker reuses
- *	5 child_key.c	idem_child_key, stable keys for downstream calls
- *	4 held.c		held claims: fresh claims kept in memory, written as they would
+ *	8 idempotency.c	module magic and _PG_init (registration only)
+ *	7 hooks.c		every hook: planner, ExecutorStart, ProcessUtility,
+ *					transaction callbacks
+ *	7 claim_many.c	idem_claim_many (a consumer's batch in one statement)
+ *	7 worker.c		the sweeper: a launcher and short-lived per-database workers
+ *	6 claim.c		idem_claim: read, decide, lock, write
+ *	6 settle.c		idem_complete, idem_release, idem_heartbeat, idem_checkpoint
+ *	6 lookup.c		idem_lookup, idem_forget
+ *	6 sweep.c		idem_sweep and the batch the background worker reuses
+ *	6 child_key.c	idem_child_key, stable keys for downstream calls
+ *	5 held.c		held claims: fresh claims kept in memory, written as they would
  *					have been (the setting keeps its first name, defer_writes)
- *	3 store.c		every SQL statement on idempotency_records (SPI)
+ *	4 store.c		the statements of one key (SPI)
+ *	4 store_sweep.c	the sweep statements, and the Citus placement fallback
+ *	3 store_attach.c	attaching the records table; preparing and running a statement
  *	2 direct_read.c	a record read by primary key without SPI (the replay fast path)
  *	2 citus.c		whether the table is distributed, and this node's shards
- *	2 shard_route.c	the tenant's shard on this node, for store.c's statements
+ *	2 shard_route.c	the tenant's shard on this node, and its plans
+ *	1 statements.c	the statement catalogue: every SQL statement on the table
  *	1 keylock.c		the per-key advisory lock that makes in_progress non-blocking
  *	1 tokens.c		fencing tokens that never go backwards
  *	1 table_shape.c	refusing a records table whose shape changed; is it as made?
@@ -36,6 +40,7 @@
 #include "datatype/timestamp.h"
 #include "access/tupdesc.h"
 #include "executor/execdesc.h"
+#include "executor/spi.h"
 #include "fmgr.h"
 #include "nodes/parsenodes.h"
 #include "nodes/pg_list.h"
@@ -140,7 +145,6 @@ typedef struct IdemKey
 	text	   *key;
 } IdemKey;
 
-extern void idem_store_init(void);
 extern void idem_store_begin(FunctionCallInfo fcinfo);
 extern void idem_store_begin_in_schema(Oid nsp);
 extern void idem_store_check_tenant(FunctionCallInfo fcinfo, const text *tenant);
@@ -150,8 +154,6 @@ extern Oid	idem_store_schema(void);
 extern Oid	idem_store_token_sequence(void);
 extern bool idem_store_table_as_made(void);
 extern void idem_store_stamp_writes(CommandId cid);
-extern PGDLLIMPORT bool idem_store_statement_starting;
-extern void idem_store_statement_started(QueryDesc *queryDesc);
 
 extern bool idem_store_read(const IdemKey *k, IdemRecord *rec,
 							bool fresh_snapshot);
@@ -247,6 +249,9 @@ extern void idem_citus_before_drop(DropStmt *drop);
 
 extern Oid	idem_shard_route(Oid table, Datum tenant);
 extern void idem_shard_route_invalidate(Oid relid);
+extern SPIPlanPtr *idem_shard_route_plan_slot(Oid shard, int q);
+extern void idem_shard_route_forget_plans(void);
+extern void idem_shard_route_xact_ended(void);
 
 /* ---------- sweeping (sweep.c) ---------- */
 
@@ -341,10 +346,13 @@ extern void idem_held_materialize(IdemHeldClaim *p);
 extern void idem_held_write_all(void);
 extern void idem_held_write_final(void);
 extern bool idem_held_table_in(List *relation_oids);
+extern void idem_held_xact_ended(void);
+extern void idem_held_subxact_ended(SubTransactionId sub,
+									SubTransactionId parent, bool committed);
 
-/* ---------- the hooks that write held claims in time (readers.c) ---------- */
+/* ---------- every hook the module installs (hooks.c) ---------- */
 
-extern void idem_readers_init(void);
+extern void idem_hooks_init(void);
 
 /* ---------- claiming (claim.c) ---------- */
 

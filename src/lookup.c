@@ -37,7 +37,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 
 	InitMaterializedSRF(fcinfo, 0);
 
-	/* held claims: written before this statement started (readers.c), or
+	/* held claims: written before this statement started (hooks.c), or
 	 * now, when it is called outside any statement (a PL/pgSQL expression) */
 	idem_held_write_all();
 	idem_store_begin(fcinfo);
@@ -87,7 +87,7 @@ idem_forget(PG_FUNCTION_ARGS)
 	k.key = idem_arg_identifier(fcinfo, 1, "key", true);
 	idem_store_check_tenant(fcinfo, k.tenant_id);
 
-	/* held claims: written before this statement started (readers.c), or
+	/* held claims: written before this statement started (hooks.c), or
 	 * now, when it is called outside any statement (a PL/pgSQL expression) */
 	idem_held_write_all();
 	idem_store_begin(fcinfo);

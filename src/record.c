@@ -10,8 +10,12 @@
 #include "postgres.h"
 
 #include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
 
 #include "idempotency.h"
+
+static Datum stale_failure_response = (Datum) 0;
 
 /* The status column's value; the first letter tells the three apart. */
 IdemStatus
@@ -56,7 +60,7 @@ idem_status_name(IdemStatus status)
  * Until when a record answers claims as it is: a processing record's
  * lease, any other record's expiry.  A processing record with a recovery
  * point outlives its lease: it expires when its retention after the lease
- * ends, and meanwhile the next claim resumes it (store.c's LIVE_UNTIL is
+ * ends, and meanwhile the next claim resumes it (statements.c's LIVE_UNTIL is
  * the same rule in SQL).
  */
 TimestampTz
@@ -92,4 +96,23 @@ idem_check_not_null(bool isnull, const char *column)
 				 errmsg("an idempotency record has a null value in column \"%s\"", column),
 				 errdetail("The idempotency extension made the column NOT NULL, and its functions never store a null there."),
 				 errhint("Correct or delete the record, and restore the column's NOT NULL constraint.")));
+}
+
+/*
+ * The failure stored for a claim whose lease ran out under
+ * stale_action = 'fail'.  Built once per backend.
+ */
+Datum
+idem_stale_failure_response(void)
+{
+	if (stale_failure_response == (Datum) 0)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		stale_failure_response =
+			DirectFunctionCall1(jsonb_in,
+								CStringGetDatum("{\"error\": \"lease_expired\"}"));
+		MemoryContextSwitchTo(old);
+	}
+	return stale_failure_response;
 }

@@ -104,7 +104,7 @@ held_claim(const IdemKey *k, int64 token, const char *action, AclMode mode)
 
 /*
  * Read the (tenant_id, key, token) arguments every fenced write starts
- * with, and refuse a tenant the session may not see (store.c).
+ * with, and refuse a tenant the session may not see (store_attach.c).
  */
 static void
 fenced_args(FunctionCallInfo fcinfo, IdemKey *k, int64 *token)

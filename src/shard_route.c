@@ -7,8 +7,8 @@
  * by Citus at every call, and on the node holding the tenant's shard it is
  * then deparsed, parsed and planned again for that shard: most of a
  * worker's time in a delegated call.  When the tenant's shard is on this
- * node, store.c instead runs its statements on the shard itself, with
- * plans it keeps per shard, doing what Citus's own local execution does
+ * node, store_attach.c instead runs its statements on the shard itself,
+ * with plans kept per shard (here), doing what Citus's own local execution does
  * around such a statement:
  *
  *	- it takes Citus's lock on the shard's placement metadata in share
@@ -47,12 +47,14 @@
  * run), the table hash-distributed by
  * tenant_id, local execution on (citus.enable_local_execution) and not
  * switched off for this transaction, and the hash of a probe value placing
- * it in the shard Citus names for it.  Anywhere else store.c runs the
+ * it in the shard Citus names for it.  Anywhere else store_attach.c runs the
  * statement on the table, through Citus.
  *
  * The map of shards is read from Citus's catalogs and kept until Citus
  * changes them: any change of a shard or placement invalidates the
- * distributed table's relcache entry, which store.c passes on here.
+ * distributed table's relcache entry, which store_attach.c passes on here.
+ * The plans of the statements run on each shard are kept here too, and
+ * freed when store_attach.c attaches the table again.
  */
 #include "postgres.h"
 
@@ -75,6 +77,7 @@
 #include "citus_compat.h"
 #include "compat.h"
 #include "idempotency.h"
+#include "statements.h"
 
 typedef int (*LocalExecutionStatusFn) (void);
 typedef void (*SetLocalExecutionStatusFn) (int status);
@@ -103,12 +106,24 @@ typedef struct ShardMap
 
 static ShardMap map = {InvalidOid, false, false, InvalidOid, 0, false, 0, NULL};
 
+/*
+ * The plans of each shard of this node that a key's statements went to,
+ * prepared by store_attach.c, kept until it attaches the table again.
+ */
+typedef struct RoutedPlans
+{
+	Oid			shard;
+	SPIPlanPtr	plans[NUM_QUERIES];
+} RoutedPlans;
+static RoutedPlans *routed_plans = NULL;
+static int	routed_plans_used = 0;
+static int	routed_plans_size = 0;
+
 static LocalExecutionStatusFn local_execution_status = NULL;
 static SetLocalExecutionStatusFn set_local_execution_status = NULL;
 
 /* A read of nothing proved local execution required in this transaction. */
 static bool local_execution_proven = false;
-static bool xact_callback_registered = false;
 
 #define SHARD_PROBE_VALUE "idempotency shard probe"
 
@@ -336,22 +351,14 @@ shard_read_locked_by_me(Oid relation)
 	return idem_lock_held_by_me(&tag, AccessShareLock);
 }
 
-/* Citus resets the local execution status when the transaction ends. */
-static void
-forget_proof(XactEvent event, void *arg)
+/*
+ * The transaction has ended: Citus has reset its local execution status
+ * (hooks.c calls this at every end).
+ */
+void
+idem_shard_route_xact_ended(void)
 {
-	switch (event)
-	{
-		case XACT_EVENT_COMMIT:
-		case XACT_EVENT_PARALLEL_COMMIT:
-		case XACT_EVENT_ABORT:
-		case XACT_EVENT_PARALLEL_ABORT:
-		case XACT_EVENT_PREPARE:
-			local_execution_proven = false;
-			break;
-		default:
-			break;
-	}
+	local_execution_proven = false;
 }
 
 /*
@@ -377,11 +384,6 @@ local_execution_required_through_citus(Oid table, RoutedShard *shard, Datum tena
 		return true;
 	if (shard_read_locked_by_me(shard->relation))
 		return false;
-	if (!xact_callback_registered)
-	{
-		RegisterXactCallback(forget_proof, NULL);
-		xact_callback_registered = true;
-	}
 	/* the caller has the table locked: it cannot have gone */
 	nspname = get_namespace_name(get_rel_namespace(table));
 	relname = get_rel_name(table);
@@ -454,12 +456,61 @@ idem_shard_route(Oid table, Datum tenant)
 
 /*
  * Forget the map when the distributed table's relcache entry is
- * invalidated (InvalidOid: every entry).  Called from store.c's relcache
- * callback: it only marks the map, which is read again when next used.
+ * invalidated (InvalidOid: every entry).  Called from store_attach.c's
+ * relcache callback: it only marks the map, which is read again when next used.
  */
 void
 idem_shard_route_invalidate(Oid relid)
 {
 	if (relid == InvalidOid || relid == map.table)
 		map.built = false;
+}
+
+/*
+ * Where the plan of statement q on shard is kept: NULL until the caller
+ * (store_attach.c) has prepared it and put it there.
+ */
+SPIPlanPtr *
+idem_shard_route_plan_slot(Oid shard, int q)
+{
+	RoutedPlans *entry = NULL;
+
+	for (int i = 0; i < routed_plans_used; i++)
+		if (routed_plans[i].shard == shard)
+			entry = &routed_plans[i];
+	if (entry == NULL)
+	{
+		if (routed_plans_used == routed_plans_size)
+		{
+			int			size = Max(16, routed_plans_size * 2);
+
+			if (routed_plans == NULL)
+				routed_plans = MemoryContextAlloc(TopMemoryContext, sizeof(RoutedPlans) * size);
+			else
+				routed_plans = repalloc(routed_plans, sizeof(RoutedPlans) * size);
+			memset(routed_plans + routed_plans_size, 0,
+				   sizeof(RoutedPlans) * (size - routed_plans_size));
+			routed_plans_size = size;
+		}
+		entry = &routed_plans[routed_plans_used++];
+		entry->shard = shard;
+	}
+	return &entry->plans[q];
+}
+
+/*
+ * Free every shard's plans.  Called when the table is attached again, not
+ * from the invalidation callback: a callback must not free memory that a
+ * running statement may be using.
+ */
+void
+idem_shard_route_forget_plans(void)
+{
+	for (int s = 0; s < routed_plans_used; s++)
+		for (int i = 0; i < NUM_QUERIES; i++)
+			if (routed_plans[s].plans[i] != NULL)
+				SPI_freeplan(routed_plans[s].plans[i]);
+	if (routed_plans != NULL)
+		memset(routed_plans, 0, sizeof(RoutedPlans) * routed_plans_size);
+	routed_plans_used = 0;
 }

@@ -160,7 +160,7 @@ idem_sweep(PG_FUNCTION_ARGS)
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "idem_sweep must return a composite type");
 
-	/* held claims: written before this statement started (readers.c), or
+	/* held claims: written before this statement started (hooks.c), or
 	 * now, when it is called outside any statement (a PL/pgSQL expression) */
 	idem_held_write_all();
 	idem_store_begin(fcinfo);

@@ -6,7 +6,7 @@
  * A user who owns the table can alter it (change a column's type, drop or
  * rename it, drop the primary key), and reading a "char" as text would
  * crash the backend.  So the table's shape is checked whenever this backend
- * (re)attaches to it (store.c: after any invalidation of the table, which
+ * (re)attaches to it (store_attach.c: after any invalidation of the table, which
  * every ALTER TABLE sends), and every result row our statements return is
  * checked against the types expected, in case the table changed between
  * the check and the statement.  A changed table gets one clear error, with

@@ -21,19 +21,22 @@ import subprocess
 import sys
 import tempfile
 
-# Higher calls lower.  7: module entry; 6, 5: SQL-callable functions, the
-# sweeper worker and the hooks; 4: held claims; 3: the record access through
-# SPI (and the planner hook for its own statements); 2: the direct read and
-# Citus's catalogs; 1 and 0: key locks, tokens, table shape, statistics,
-# argument checks, settings, record values.
+# Higher calls lower.  8: module entry; 7: the hooks, idem_claim_many and
+# the sweeper worker; 6: the other SQL-callable functions and the sweep;
+# 5: held claims; 4: the statements of one key and the sweep statements;
+# 3: attaching the table and running a statement (SPI); 2: the direct read
+# and Citus (its catalogs, the tenant's shard); 1 and 0: the statement
+# catalogue, key locks, tokens, table shape, statistics, argument checks,
+# settings, subtransactions, record values.
 LAYERS = {
-    "idempotency": 7,
-    "claim_many": 6, "worker": 6, "readers": 6,
-    "claim": 5, "settle": 5, "lookup": 5, "sweep": 5, "child_key": 5,
-    "held": 4,
-    "store": 3,
+    "idempotency": 8,
+    "hooks": 7, "claim_many": 7, "worker": 7,
+    "claim": 6, "settle": 6, "lookup": 6, "sweep": 6, "child_key": 6,
+    "held": 5,
+    "store": 4, "store_sweep": 4,
+    "store_attach": 3,
     "direct_read": 2, "citus": 2, "shard_route": 2,
-    "keylock": 1, "tokens": 1, "table_shape": 1, "stats": 1, "validate": 1,
+    "statements": 1, "keylock": 1, "tokens": 1, "table_shape": 1, "stats": 1, "validate": 1,
     "guc": 0, "subxact": 0, "record": 0,
 }
 

@@ -1,0 +1,376 @@
+/*
+ * statements.c
+ *		The statement catalogue: every SQL statement the extension runs on
+ *		idempotency_records, with its argument and result types.
+ *
+ * Each statement is written once, here, as text with the table left open
+ * ("%1$s") and the recovery point columns as placeholders (the 1.0 objects
+ * have none).  store_attach.c prepares them on the table or on one of its
+ * shards; store_sweep.c also sends the cluster sweeps as text to each
+ * placement.  Each statement of one key targets one (tenant_id, key), and
+ * "now" is computed in C and passed as a parameter.
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "lib/stringinfo.h"
+
+#include "statements.h"
+
+
+/*
+ * Statement texts.  "%1$s" is the quoted, schema-qualified table name.
+ * Operators are qualified so that nothing in search_path can capture them.
+ */
+#define EQ " OPERATOR(pg_catalog.=) "
+#define BY_KEY " WHERE tenant_id" EQ "$1 AND key" EQ "$2 "
+
+/*
+ * now + ttl, where now is parameter n.  timestamptz + interval is STABLE
+ * (it depends on TimeZone), and Citus refuses a STABLE function over a
+ * column in an UPDATE of a distributed table.  Adding in UTC is IMMUTABLE
+ * and gives the same instant for the intervals the functions store (whole
+ * microseconds, no days or months).
+ */
+#define EXPIRY(n) EXPIRY_AFTER("$" #n)
+#define EXPIRY_AFTER(t) \
+	" pg_catalog.timezone('UTC', pg_catalog.timezone('UTC', " t ")" \
+	" OPERATOR(pg_catalog.+) ttl) "
+
+/*
+ * An expired row that is a stale claim: the sweeper releases it, or fails
+ * it with stale_action = 'fail'.  An expired processing row with a
+ * recovery point is past its retention, not a stale claim: it is deleted
+ * like an expired completed or failed record, in either case.
+ */
+#define STALE_CLAIM " (status" EQ "'processing' AND @NO_POINT@) "
+
+/*
+ * Until when a record answers claims as it is (idem_record_live_until):
+ * a claim's lease while it is processing, its expiry otherwise.  A
+ * processing record with a recovery point expires only when its retention
+ * after the lease ends, so that the next holder can resume it.
+ */
+#define LIVE_UNTIL \
+	" CASE WHEN status" EQ "'processing'" \
+	" THEN COALESCE(lease_expires_at, expires_at) ELSE expires_at END "
+
+/* a batch of fresh processing records: keys $2, tokens $3, fingerprints $7 */
+#define INSERT_MANY \
+	"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at," \
+	" created_at, updated_at, ttl, status, fingerprint)" \
+	" SELECT $1, u.key, u.token, $4, $4, $5, $5, $6, 'processing', u.fingerprint" \
+	" FROM ROWS FROM (pg_catalog.unnest($2::pg_catalog.text[])," \
+	" pg_catalog.unnest($3::pg_catalog.int8[]), pg_catalog.unnest($7::pg_catalog.text[]))" \
+	" AS u(key, token, fingerprint)"
+
+/*
+ * The entries (IdemStatement, statements.h).  ARGS and RESULT count what
+ * they are given, so a statement is added or changed in this one place.
+ */
+#define ARGS(...) \
+	.argtypes = {__VA_ARGS__}, .nargs = lengthof(((Oid[]) {__VA_ARGS__}))
+#define RESULT(...) \
+	.columns = {__VA_ARGS__}, .ncolumns = lengthof(((Oid[]) {__VA_ARGS__}))
+#define RECORD_COLUMNS TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID, \
+	TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, XIDOID, TEXTOID, JSONBOID
+#define SWEPT_COLUMNS BOOLOID, TIMESTAMPTZOID
+
+const IdemStatement idem_statements[NUM_QUERIES] = {
+	[Q_READ] = {
+		.text =
+		"SELECT status, token, fingerprint, response, expires_at, lease_expires_at,"
+		" created_at, updated_at, xmin, @POINT@, @STATE@ FROM %1$s" BY_KEY,
+		ARGS(TEXTOID, TEXTOID),
+		RESULT(RECORD_COLUMNS),
+	},
+
+	/* one row per fresh key; RETURNING says which went in */
+	[Q_INSERT_MANY] = {
+		.text = INSERT_MANY " ON CONFLICT (tenant_id, key) DO NOTHING RETURNING key",
+		ARGS(TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+			INTERVALOID, TEXTARRAYOID),
+		RESULT(TEXTOID),
+	},
+
+	/* the same without speculative insertion: any existing key is an error */
+	[Q_INSERT_MANY_PLAIN] = {
+		.text = INSERT_MANY " RETURNING key",
+		ARGS(TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+			INTERVALOID, TEXTARRAYOID),
+		RESULT(TEXTOID),
+	},
+
+	[Q_INSERT] = {
+		.text =
+		"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
+		" created_at, updated_at, ttl, status, fingerprint)"
+		" VALUES ($1, $2, $3, $4, $4, $5, $5, $6, 'processing', $7)"
+		" ON CONFLICT (tenant_id, key) DO NOTHING",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID,
+			TEXTOID),
+	},
+
+	/*
+	 * A held claim written in its final form (held.c).  No ON
+	 * CONFLICT: the writer holds the key lock and read after taking it that
+	 * the key is free, so only a record written around the lock can
+	 * conflict, and held.c turns that error into its own.
+	 */
+	[Q_WRITE_ONCE] = {
+		.text =
+		"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
+		" created_at, updated_at, ttl, status, fingerprint, response @CHECKPOINT_COLUMNS@)"
+		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 @CHECKPOINT_VALUES@)",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+			TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, TEXTOID, JSONBOID,
+			TEXTOID, JSONBOID),
+	},
+
+	/* $8: a new lifetime (expired record reused) rather than a takeover */
+	[Q_TAKE_OVER] = {
+		.text =
+		"UPDATE %1$s SET status = 'processing', token = $9,"
+		" fingerprint = CASE WHEN $8 THEN $4 ELSE COALESCE($4, fingerprint) END,"
+		" created_at = CASE WHEN $8 THEN $5 ELSE created_at END,"
+		" response = NULL, lease_expires_at = $6, ttl = $7, updated_at = $5,"
+		" expires_at = CASE WHEN NOT $8 AND @HAS_POINT@"
+		" THEN pg_catalog.timezone('UTC', pg_catalog.timezone('UTC', $6) OPERATOR(pg_catalog.+) $7)"
+		" ELSE $6 END"
+		" @CHECKPOINT_RESET@"
+		BY_KEY "AND token" EQ "$3 AND" LIVE_UNTIL "OPERATOR(pg_catalog.<=) $5"
+		" RETURNING token",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+			INTERVALOID, BOOLOID, INT8OID),
+		RESULT(INT8OID),
+	},
+
+	[Q_FAIL_STALE] = {
+		.text =
+		"UPDATE %1$s SET status = 'failed', response = $4, lease_expires_at = NULL,"
+		" expires_at =" EXPIRY(5) ", updated_at = $5"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing' AND @NO_POINT@"
+		" AND" LIVE_UNTIL "OPERATOR(pg_catalog.<=) $5"
+		" RETURNING status, token, fingerprint, response, expires_at, lease_expires_at,"
+		" created_at, updated_at, xmin, @POINT@, @STATE@",
+		ARGS(TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID),
+		RESULT(RECORD_COLUMNS),
+	},
+
+	[Q_FINISH] = {
+		.text =
+		"UPDATE %1$s SET status = $4, response = $5, lease_expires_at = NULL,"
+		" expires_at =" EXPIRY(6) ", updated_at = $6"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID),
+	},
+
+	/* a release without failure: a record with a recovery point is kept */
+	[Q_DELETE_CLAIM] = {
+		.text =
+		"DELETE FROM %1$s" BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
+		" @NO_CHECKPOINT@",
+		ARGS(TEXTOID, TEXTOID, INT8OID),
+	},
+
+	/*
+	 * ... and is handed on instead: its lease ends now and it gets a new
+	 * token (the releasing holder's is refused from now on), so the next
+	 * claim takes it over and resumes from its recovery point, while its
+	 * retention lasts.
+	 */
+	[Q_RELEASE_KEEP] = {
+		.text =
+		"UPDATE %1$s SET token = $4, lease_expires_at = $5, expires_at =" EXPIRY(5) ","
+		" updated_at = $5"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'"
+		" AND recovery_point IS NOT NULL",
+		ARGS(TEXTOID, TEXTOID, INT8OID, INT8OID, TIMESTAMPTZOID),
+	},
+
+	/* $7: a new lease end, or NULL to keep the lease */
+	[Q_CHECKPOINT] = {
+		.text =
+		"UPDATE %1$s SET recovery_point = $4, state = $5, updated_at = $6,"
+		" lease_expires_at = COALESCE($7, lease_expires_at),"
+		" expires_at =" EXPIRY_AFTER("COALESCE($7, lease_expires_at, expires_at)")
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID,
+			TIMESTAMPTZOID),
+	},
+
+	[Q_EXTEND_LEASE] = {
+		.text =
+		"UPDATE %1$s SET lease_expires_at = $4, updated_at = $5,"
+		" expires_at = CASE WHEN @HAS_POINT@ THEN" EXPIRY(4) "ELSE $4 END"
+		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing'",
+		ARGS(TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID),
+	},
+
+	[Q_FORGET] = {
+		.text = "DELETE FROM %1$s" BY_KEY,
+		ARGS(TEXTOID, TEXTOID),
+	},
+
+	/*
+	 * Sweep batches lock their rows with SKIP LOCKED, so they never wait on
+	 * a live claim, and re-check the expiry on the newest row version.
+	 */
+	[Q_SWEEP_ALL] = {
+		.text =
+		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND expires_at OPERATOR(pg_catalog.>=) $3"
+		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
+		" RETURNING" STALE_CLAIM ", expires_at",
+		ARGS(TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID),
+		RESULT(SWEPT_COLUMNS),
+	},
+
+	[Q_SWEEP_TERMINAL] = {
+		.text =
+		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND expires_at OPERATOR(pg_catalog.>=) $3"
+		" AND NOT" STALE_CLAIM
+		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
+		" RETURNING false, expires_at",
+		ARGS(TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID),
+		RESULT(SWEPT_COLUMNS),
+	},
+
+	/* every expired row with one given expiry (see idem_store_sweep_group, store_sweep.c) */
+	[Q_SWEEP_GROUP_ALL] = {
+		.text =
+		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at" EQ "$1 FOR UPDATE SKIP LOCKED))"
+		" RETURNING" STALE_CLAIM ", expires_at",
+		ARGS(TIMESTAMPTZOID),
+		RESULT(SWEPT_COLUMNS),
+	},
+
+	[Q_SWEEP_GROUP_TERMINAL] = {
+		.text =
+		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at" EQ "$1"
+		" AND NOT" STALE_CLAIM "FOR UPDATE SKIP LOCKED))"
+		" RETURNING false, expires_at",
+		ARGS(TIMESTAMPTZOID),
+		RESULT(SWEPT_COLUMNS),
+	},
+
+	[Q_SWEEP_FAIL_STALE] = {
+		.text =
+		"UPDATE %1$s SET status = 'failed', response = $3, lease_expires_at = NULL,"
+		" expires_at =" EXPIRY(1) ", updated_at = $1"
+		" WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND" STALE_CLAIM
+		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))",
+		ARGS(TIMESTAMPTZOID, INT4OID, JSONBOID),
+	},
+
+	/*
+	 * A sweep of a distributed table from one node: Citus runs these on
+	 * every shard in parallel, and refuses ctid, LIMIT and FOR UPDATE in a
+	 * multi-shard statement.  A row being settled is waited for, then
+	 * checked again in its new version, as an UPDATE or DELETE does under
+	 * READ COMMITTED.
+	 */
+	[Q_CLUSTER_SWEEP_STALE] = {
+		.text =
+		"DELETE FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND" STALE_CLAIM,
+		ARGS(TIMESTAMPTZOID),
+	},
+
+	[Q_CLUSTER_SWEEP_TERMINAL] = {
+		.text =
+		"DELETE FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
+		" AND NOT" STALE_CLAIM,
+		ARGS(TIMESTAMPTZOID),
+	},
+
+	[Q_CLUSTER_SWEEP_FAIL_STALE] = {
+		.text =
+		"UPDATE %1$s SET status = 'failed', response = $2, lease_expires_at = NULL,"
+		" expires_at =" EXPIRY(1) ", updated_at = $1"
+		" WHERE expires_at OPERATOR(pg_catalog.<=) $1 AND" STALE_CLAIM,
+		ARGS(TIMESTAMPTZOID, JSONBOID),
+	},
+};
+
+/*
+ * The parts of a statement that name the recovery point columns, and what
+ * stands in for them while the 1.0 objects are installed.
+ */
+static const char *const checkpoint_parts[][3] = {
+	{"@POINT@", "recovery_point", "NULL::pg_catalog.text"},
+	{"@STATE@", "state", "NULL::pg_catalog.jsonb"},
+	{"@CHECKPOINT_COLUMNS@", ", recovery_point, state", ""},
+	{"@CHECKPOINT_VALUES@", ", $12, $13", ""},
+	{"@CHECKPOINT_RESET@",
+		", recovery_point = CASE WHEN $8 THEN NULL ELSE recovery_point END,"
+		" state = CASE WHEN $8 THEN NULL ELSE state END", ""},
+	{"@NO_CHECKPOINT@", "AND recovery_point IS NULL", ""},
+	{"@NO_POINT@", "recovery_point IS NULL", "true"},
+	{"@HAS_POINT@", "recovery_point IS NOT NULL", "false"},
+};
+
+/* Every "from" in text replaced by "to", in a new string. */
+char *
+idem_replace_all(const char *text, const char *from, const char *to)
+{
+	StringInfoData out;
+	const char *at;
+
+	initStringInfo(&out);
+	while ((at = strstr(text, from)) != NULL)
+	{
+		appendBinaryStringInfo(&out, text, at - text);
+		appendStringInfoString(&out, to);
+		text = at + strlen(from);
+	}
+	appendStringInfoString(&out, text);
+	return out.data;
+}
+
+/*
+ * Replace every placeholder of checkpoint_parts in sql: the columns, or
+ * (has_checkpoints false: the 1.0 objects) what stands in for them.
+ */
+static char *
+expand_checkpoint_parts(const char *sql, bool has_checkpoints)
+{
+	char	   *text = pstrdup(sql);
+
+	for (size_t i = 0; i < lengthof(checkpoint_parts); i++)
+	{
+		const char *const *part = checkpoint_parts[i];
+		char	   *expanded = idem_replace_all(text, part[0],
+										   has_checkpoints ? part[1] : part[2]);
+
+		pfree(text);
+		text = expanded;
+	}
+	return text;
+}
+
+
+/*
+ * The text of statement q on relation (quoted and schema-qualified, or
+ * "%s" for a command run on each placement), for a table with the recovery
+ * point columns or without them; palloc'd.
+ */
+char *
+idem_statement_text(IdemQuery q, const char *relation, bool has_checkpoints)
+{
+	StringInfoData sql;
+	char	   *text;
+
+	initStringInfo(&sql);
+	appendStringInfo(&sql, idem_statements[q].text, relation);
+	text = expand_checkpoint_parts(sql.data, has_checkpoints);
+	pfree(sql.data);
+	return text;
+}

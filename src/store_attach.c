@@ -1,0 +1,538 @@
+/*
+ * store_attach.c
+ *		Where the records table is, and running the statement catalogue
+ *		(statements.c) on it: attach, plans, and the one place a statement
+ *		is run.
+ *
+ * Every write, and every read but the replay fast path (direct_read.c), is
+ * a prepared SPI statement on the schema-qualified table, never a direct
+ * heap or index scan: privileges and row-level security stay in force, and
+ * the same statements work when the table is a distributed shell on a
+ * scale-out cluster (citus.c).  A call attaches first (idem_store_begin):
+ * the table is found through the schema of the function called, locked,
+ * its shape checked (table_shape.c), and what the call needs to know about
+ * it cached until the table's relcache entry is next invalidated.
+ *
+ * Plans on the table are prepared once per backend and kept; they are
+ * forgotten when an attach finds another table (the extension was dropped
+ * and created again) or another shape.  Plans on the shards of a
+ * distributed table (kept by shard_route.c) are forgotten at every attach
+ * after an invalidation, as the shards may have moved; plans on the shard a
+ * sweep is directed to live in the SPI connection and go with it.
+ */
+#include "postgres.h"
+
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "storage/lmgr.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rls.h"
+#include "utils/syscache.h"
+
+#include "idempotency.h"
+#include "statements.h"
+#include "store_attach.h"
+
+/*
+ * Backend-local cache: where the table is, and the plans that use it.
+ * table_verified is cleared by any invalidation of the table (VACUUM and
+ * ANALYZE send one too); the next call looks the table up again and keeps
+ * the plans unless it is a different table (the extension was dropped and
+ * created again).
+ */
+static Oid	cached_schema = InvalidOid;
+static Oid	cached_table = InvalidOid;
+static bool table_verified = false;
+static bool has_checkpoints = false;	/* recovery_point and state (1.1) */
+static bool table_distributed = false;	/* by Citus (citus.c) */
+static bool table_as_made = false;	/* as the extension made it */
+static char *isolation_setting = NULL;	/* the extension's own tenant
+										 * isolation: its setting */
+static SPIPlanPtr plans[NUM_QUERIES];
+
+/*
+ * The shard a sweep batch works on instead of the table (the sweeper on a
+ * Citus node), or InvalidOid; and the sweep plans made for it, which live
+ * in the SPI connection's memory and go with it at idem_store_end().
+ */
+static Oid	sweep_shard = InvalidOid;
+static SPIPlanPtr shard_plans[NUM_QUERIES];
+
+/*
+ * The schema of each of our functions called in this backend: a handful
+ * of entries, cleared by any change to pg_proc.
+ */
+#define FUNCTION_SCHEMA_SLOTS 16
+typedef struct FunctionSchema
+{
+	Oid			fn_oid;
+	Oid			nsp;
+} FunctionSchema;
+static FunctionSchema function_schemas[FUNCTION_SCHEMA_SLOTS];
+static int	function_schemas_used = 0;
+static bool syscache_callback_registered = false;
+
+/*
+ * Our statements are point lookups and index-ordered scans, planned with
+ * sequential scans discouraged (the planner hook, hooks.c).
+ *
+ * idem_store_statement_starting is set from just before one of our
+ * statements is run until its ExecutorStart (hooks.c), which takes it
+ * (idem_store_take_statement_start) and, once the executor has started
+ * the statement, calls idem_store_statement_started(): whatever is planned
+ * in between is our statement, and whatever starts after it (a user's
+ * trigger on the table) is not.  The command ID our writes are stamped
+ * with, when a held claim is written (held.c), is applied there.
+ */
+bool		idem_store_statement_starting = false;
+static CommandId stamp_cid = InvalidCommandId;
+
+static bool relcache_callback_registered = false;
+
+/*
+ * Is the statement whose ExecutorStart is running one of ours?  Answers
+ * once: what starts after it (a trigger of the user's) is not.
+ */
+bool
+idem_store_take_statement_start(void)
+{
+	bool		ours = idem_store_statement_starting;
+
+	idem_store_statement_starting = false;
+	return ours;
+}
+
+/* One of our statements has started: stamp its writes if asked to. */
+void
+idem_store_statement_started(QueryDesc *queryDesc)
+{
+	if (stamp_cid != InvalidCommandId && queryDesc->estate != NULL)
+		queryDesc->estate->es_output_cid = stamp_cid;
+}
+
+/*
+ * Stamp the rows our next statements write with command ID cid, the one
+ * they would have had had they run when a held claim was made or settled
+ * (held.c); InvalidCommandId stops it.
+ */
+void
+idem_store_stamp_writes(CommandId cid)
+{
+	stamp_cid = cid;
+}
+
+/*
+ * Plans are freed in store_attach, not here: an invalidation callback must
+ * not free memory that a running statement may be using.
+ */
+static void
+store_relcache_callback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == cached_table)
+		table_verified = false;
+	idem_shard_route_invalidate(relid);
+}
+
+static void
+store_syscache_callback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	function_schemas_used = 0;
+}
+
+/* The schema of function fn_oid, through the small cache above. */
+static Oid
+function_schema(Oid fn_oid)
+{
+	FunctionSchema *slot;
+
+	for (int i = 0; i < function_schemas_used; i++)
+		if (function_schemas[i].fn_oid == fn_oid)
+			return function_schemas[i].nsp;
+
+	if (!syscache_callback_registered)
+	{
+		CacheRegisterSyscacheCallback(PROCOID, store_syscache_callback, (Datum) 0);
+		syscache_callback_registered = true;
+	}
+	slot = function_schemas_used < FUNCTION_SCHEMA_SLOTS ?
+		&function_schemas[function_schemas_used++] :
+		&function_schemas[fn_oid % FUNCTION_SCHEMA_SLOTS];
+	slot->fn_oid = fn_oid;
+	slot->nsp = get_func_namespace(fn_oid);
+	return slot->nsp;
+}
+
+
+static void
+store_forget_plans(void)
+{
+	for (int i = 0; i < NUM_QUERIES; i++)
+	{
+		if (plans[i] != NULL)
+			SPI_freeplan(plans[i]);
+		plans[i] = NULL;
+	}
+	idem_shard_route_forget_plans();
+}
+
+/*
+ * The records table in schema nsp (InvalidOid: none), locked in
+ * AccessShareLock before anything about it is read, as PostgreSQL opens a
+ * relation before reading its description.  An ALTER TABLE running on it
+ * (idem_distribute() changes tenant_id's collation, which rebuilds the
+ * indexes under new OIDs) has then ended, and what it changed is taken in:
+ * read before the lock, the key index could be one the ALTER has dropped
+ * meanwhile.  The name is looked up again after the lock, in case the
+ * table was dropped or replaced while the lock was awaited.  (Not
+ * RangeVarGetRelid, which does the same but also checks USAGE on the
+ * schema, here, ahead of the checks that decide what a role without it
+ * meets: held.c's and direct_read.c's, and the statements' own.)
+ */
+static Oid
+lock_records_table(Oid nsp)
+{
+	Oid			table = get_relname_relid("idempotency_records", nsp);
+
+	while (OidIsValid(table))
+	{
+		Oid			again;
+
+		LockRelationOid(table, AccessShareLock);
+		again = get_relname_relid("idempotency_records", nsp);
+		if (again == table)
+			break;
+		UnlockRelationOid(table, AccessShareLock);
+		table = again;
+	}
+	return table;
+}
+
+/*
+ * Point the cache at the records table in schema nsp.
+ */
+static void
+store_attach(Oid nsp)
+{
+	Oid			table;
+	Oid			key_index;
+	bool		checkpoints;
+	bool		distributed;
+
+	if (nsp == cached_schema && table_verified)
+		return;
+
+	if (!relcache_callback_registered)
+	{
+		CacheRegisterRelcacheCallback(store_relcache_callback, (Datum) 0);
+		relcache_callback_registered = true;
+	}
+
+	table = lock_records_table(nsp);
+	if (!OidIsValid(table))
+	{
+		char	   *nspname = get_namespace_name(nsp);
+
+		/* the extension's schema was dropped since the function was found */
+		if (nspname == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_SCHEMA),
+					 errmsg("schema with OID %u does not exist", nsp)));
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_TABLE),
+				 errmsg("table idempotency_records does not exist in schema \"%s\"",
+						nspname),
+				 errhint("Drop and create the idempotency extension again.")));
+	}
+
+	key_index = idem_check_table_shape(table, &checkpoints);
+	distributed = idem_citus_is_distributed(table);
+	if (nsp != cached_schema || table != cached_table ||
+		checkpoints != has_checkpoints || distributed != table_distributed)
+		store_forget_plans();
+	else
+		idem_shard_route_forget_plans();	/* the shards may have moved */
+	has_checkpoints = checkpoints;
+	table_distributed = distributed;
+	table_as_made = idem_table_is_as_made(table);
+	if (isolation_setting != NULL)
+		pfree(isolation_setting);
+	isolation_setting = NULL;
+	if (!table_distributed)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		isolation_setting = idem_table_isolation_setting(table);
+		MemoryContextSwitchTo(old);
+	}
+	idem_direct_read_attach(table, key_index, table_distributed,
+							isolation_setting);
+	cached_schema = nsp;
+	cached_table = table;
+	table_verified = true;
+}
+
+/*
+ * Start a call: find the table through the schema of the function being
+ * called (the extension's schema) and connect to SPI.
+ */
+void
+idem_store_begin(FunctionCallInfo fcinfo)
+{
+	store_attach(function_schema(fcinfo->flinfo->fn_oid));
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+}
+
+/*
+ * Refuse a call for a tenant the session may not see, when the extension's
+ * own tenant isolation applies to the caller: our own error, naming the
+ * setting and how to set it, before anything is read, held or written
+ * (the policy alone would answer a claim with a bare row-level security
+ * violation, and a lookup with nothing).  Callers the policy does not
+ * apply to (the table's owner, BYPASSRLS roles) are not checked; nor is
+ * any other policy, which the statements meet as the user wrote it.  With
+ * row_security off the statements raise PostgreSQL's own error.
+ */
+void
+idem_store_check_tenant(FunctionCallInfo fcinfo, const text *tenant)
+{
+	const char *value;
+
+	store_attach(function_schema(fcinfo->flinfo->fn_oid));
+	if (isolation_setting == NULL || !row_security ||
+		check_enable_rls(cached_table, InvalidOid, true) != RLS_ENABLED ||
+		idem_isolation_admits(isolation_setting, tenant))
+		return;
+
+	value = GetConfigOptionByName(isolation_setting, NULL, true);
+	if (value == NULL || value[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("tenant isolation is on, but \"%s\" is not set", isolation_setting),
+				 errdetail("Each session sees and writes only the records of the tenant that \"%s\" names.",
+						   isolation_setting),
+				 errhint("Name the tenant in the transaction before the call: SELECT set_config('%s', '%s', true).",
+						 isolation_setting, text_to_cstring(tenant))));
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("tenant isolation confines this session to tenant \"%s\", not \"%s\"",
+					value, text_to_cstring(tenant)),
+			 errdetail("\"%s\" names the tenant whose records this session sees and writes.",
+					   isolation_setting),
+			 errhint("Set it to the call's tenant in the transaction: SELECT set_config('%s', '%s', true).",
+					 isolation_setting, text_to_cstring(tenant))));
+}
+
+/*
+ * Start work for a caller that is not a SQL function of ours (the sweeper
+ * worker), given the extension's schema.
+ */
+void
+idem_store_begin_in_schema(Oid nsp)
+{
+	store_attach(nsp);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+}
+
+void
+idem_store_end(void)
+{
+	sweep_shard = InvalidOid;
+	memset(shard_plans, 0, sizeof(shard_plans));
+	SPI_finish();
+}
+
+Oid
+idem_store_table(void)
+{
+	return cached_table;
+}
+
+Oid
+idem_store_schema(void)
+{
+	return cached_schema;
+}
+
+/*
+ * The token high-water sequence (tokens.c), InvalidOid while the 1.0 SQL
+ * objects are installed.  Looked up every time (a syscache probe), so that
+ * ALTER EXTENSION idempotency UPDATE takes effect in running sessions.
+ */
+Oid
+idem_store_token_sequence(void)
+{
+	return get_relname_relid("idempotency_tokens", cached_schema);
+}
+
+/*
+ * Is the table exactly as the extension made it (table_shape.c)?  Only
+ * then may a claim be held (held.c).  Kept with the shape check, and
+ * looked at again after any invalidation of the table: a caller that has
+ * just taken a new lock on it has seen every change committed before.
+ */
+bool
+idem_store_table_as_made(void)
+{
+	if (!table_verified)
+		store_attach(cached_schema);
+	return table_as_made;
+}
+
+/*
+ * Is the table distributed by Citus?  Then its rows live in shards on
+ * other nodes, every statement on it is routed there, and nothing may be
+ * held in this backend's memory (held.c).
+ */
+bool
+idem_store_distributed(void)
+{
+	return table_distributed;
+}
+
+/*
+ * Direct the sweep statements of this connection to one shard of the
+ * distributed table (a relation on this node), until idem_store_end().
+ */
+void
+idem_store_sweep_shard(Oid shard)
+{
+	sweep_shard = shard;
+}
+
+/* Has the table the recovery point columns (not with the 1.0 objects)? */
+bool
+idem_store_has_checkpoints(void)
+{
+	return has_checkpoints;
+}
+
+/*
+ * Prepare statement q on relation rel (the table, or one of its shards),
+ * kept past idem_store_end() when keep is set.
+ */
+static SPIPlanPtr
+prepare_statement(IdemQuery q, Oid rel, bool keep, int cursor_options)
+{
+	char	   *nspname = get_namespace_name(get_rel_namespace(rel));
+	char	   *relname = get_rel_name(rel);
+	char	   *qualified;
+	char	   *text;
+	SPIPlanPtr	plan;
+
+	/* the table, or a shard whose placement is locked: it cannot have gone */
+	if (nspname == NULL || relname == NULL)
+		elog(ERROR, "cache lookup failed for relation %u", rel);
+	qualified = quote_qualified_identifier(nspname, relname);
+	text = idem_statement_text(q, qualified, has_checkpoints);
+	plan = SPI_prepare_cursor(text, idem_statements[q].nargs,
+							  (Oid *) idem_statements[q].argtypes, cursor_options);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s",
+			 text, SPI_result_code_string(SPI_result));
+	if (keep && SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	pfree(text);
+	return plan;
+}
+
+
+/* Statement q on the shard that sweeps are directed to. */
+static SPIPlanPtr
+sweep_shard_plan(IdemQuery q)
+{
+	Assert(q >= Q_SWEEP_ALL && q <= Q_SWEEP_FAIL_STALE);
+	if (shard_plans[q] == NULL)
+		shard_plans[q] = prepare_statement(q, sweep_shard, false, 0);
+	return shard_plans[q];
+}
+
+/*
+ * Statement q of one key on the key's shard of this node: plans kept per
+ * shard (shard_route.c keeps them), reused as on a plain table.
+ */
+static SPIPlanPtr
+routed_plan(IdemQuery q, Oid shard)
+{
+	SPIPlanPtr *slot = idem_shard_route_plan_slot(shard, q);
+
+	if (*slot == NULL)
+		*slot = prepare_statement(q, shard, true, 0);
+	return *slot;
+}
+
+
+/*
+ * Our statements on a table that Citus distributes are planned afresh for
+ * each call's values (custom plans), not reused.  A reused plan of a
+ * statement that runs on a shard of this node makes Citus add one more copy
+ * of that shard's plan to the reused plan at every execution, never finding
+ * the copies it made before (Citus 13.2 and 14.0), so a node's backends grew
+ * by tens of kilobytes a call without bound.  A custom plan is made and
+ * freed per call.  (Where the key's shard is on this node and the shortcut
+ * of shard_route.c applies, statements go to the shard instead.)
+ */
+static SPIPlanPtr
+table_plan(IdemQuery q)
+{
+	if (plans[q] == NULL)
+		plans[q] = prepare_statement(q, cached_table, true,
+									 table_distributed ? CURSOR_OPT_CUSTOM_PLAN : 0);
+	return plans[q];
+}
+
+/*
+ * The plan that runs statement q: on the shard a sweep is directed to; for
+ * a statement of one key (whose first parameter is the tenant) on a
+ * distributed table, on the key's shard when it is on this node; else on
+ * the table.
+ */
+static SPIPlanPtr
+store_plan(IdemQuery q, Datum *values)
+{
+	if (OidIsValid(sweep_shard))
+		return sweep_shard_plan(q);
+	if (table_distributed && IDEM_QUERY_OF_ONE_KEY(q))
+	{
+		Oid			shard = idem_shard_route(cached_table, values[0]);
+
+		if (OidIsValid(shard))
+			return routed_plan(q, shard);
+	}
+	return table_plan(q);
+}
+
+/*
+ * Run a prepared statement.  Reads that must see rows committed since the
+ * statement began (the claim's retry loop) pass read_only = false, which
+ * gives them a fresh snapshot under READ COMMITTED.
+ */
+uint64
+idem_store_run(IdemQuery q, Datum *values, const char *nulls, bool read_only,
+			   long tcount)
+{
+	SPIPlanPtr	plan = store_plan(q, values);
+	int			rc;
+
+	idem_store_statement_starting = true;
+	PG_TRY();
+	{
+		rc = SPI_execute_plan(plan, values, nulls, read_only, tcount);
+	}
+	PG_FINALLY();
+	{
+		idem_store_statement_starting = false;
+	}
+	PG_END_TRY();
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+	if (SPI_tuptable != NULL && idem_statements[q].ncolumns > 0)
+		idem_check_result_shape(cached_table, SPI_tuptable->tupdesc,
+								idem_statements[q].columns, idem_statements[q].ncolumns);
+	return SPI_processed;
+}

@@ -1,0 +1,184 @@
+/*
+ * store_sweep.c
+ *		The sweep statements on idempotency_records: batches of expired
+ *		records deleted (or stale claims failed), on the table, on one shard
+ *		of it, or on every shard of a distributed table at once, placement
+ *		by placement while a worker does not answer.
+ *
+ * sweep.c runs the batches; the sweeper (worker.c) directs them to each
+ * shard of this node (idem_store_direct_sweeps_to) on a Citus node.
+ */
+#include "postgres.h"
+
+#include "executor/spi.h"
+#include "utils/builtins.h"
+#include "utils/datetime.h"
+#include "utils/jsonb.h"
+
+#include "idempotency.h"
+#include "statements.h"
+#include "store_attach.h"
+
+/*
+ * Count the stale claims among the n rows a sweep statement returned
+ * (status = 'processing', expires_at) and advance *from to the latest expiry.
+ */
+static void
+count_swept(uint64 n, TimestampTz *from, uint64 *stale_released)
+{
+	*stale_released = 0;
+	for (uint64 i = 0; i < n; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		bool		isnull;
+		TimestampTz expires_at;
+
+		if (DatumGetBool(SPI_getbinval(tup, desc, 1, &isnull)))
+			(*stale_released)++;
+		expires_at = DatumGetTimestampTz(SPI_getbinval(tup, desc, 2, &isnull));
+		if (expires_at > *from)
+			*from = expires_at;
+	}
+}
+
+/*
+ * Delete one batch of expired records, those expiring at or after *from
+ * (each batch starts where the previous one ended, so a pass never walks
+ * the index entries of rows it already deleted).  With
+ * include_stale_claims, expired claims go too (stale_action = release) and
+ * are counted in *stale_released.  Returns the number of rows deleted and
+ * advances *from.
+ */
+uint64
+idem_store_sweep_expired(TimestampTz now, int batch_size,
+						 bool include_stale_claims, TimestampTz *from,
+						 uint64 *stale_released)
+{
+	Datum		values[3];
+	uint64		n;
+
+	values[0] = TimestampTzGetDatum(now);
+	values[1] = Int32GetDatum(batch_size);
+	values[2] = TimestampTzGetDatum(*from);
+	n = idem_store_run(include_stale_claims ? Q_SWEEP_ALL : Q_SWEEP_TERMINAL,
+				  values, "   ", false, 0);
+	count_swept(n, from, stale_released);
+	return n;
+}
+
+/*
+ * Delete every expired row whose expiry is exactly at (all the rows of one
+ * group of equal expiries, without a LIMIT).  A pass that runs in a single
+ * transaction uses it to get past such a group: its deleted index entries
+ * cannot be marked dead before the transaction ends, so walking the group
+ * again for every batch would be quadratic.
+ */
+uint64
+idem_store_sweep_group(TimestampTz at, bool include_stale_claims,
+					   uint64 *stale_released)
+{
+	Datum		values[1] = {TimestampTzGetDatum(at)};
+	TimestampTz last = at;
+	uint64		n;
+
+	n = idem_store_run(include_stale_claims ? Q_SWEEP_GROUP_ALL : Q_SWEEP_GROUP_TERMINAL,
+				  values, " ", false, 0);
+	count_swept(n, &last, stale_released);
+	return n;
+}
+
+/*
+ * Turn one batch of expired claims into failed records.
+ */
+uint64
+idem_store_sweep_fail_stale(TimestampTz now, int batch_size)
+{
+	Datum		values[3];
+
+	values[0] = TimestampTzGetDatum(now);
+	values[1] = Int32GetDatum(batch_size);
+	values[2] = idem_stale_failure_response();
+	return idem_store_run(Q_SWEEP_FAIL_STALE, values, "   ", false, 0);
+}
+
+/*
+ * Statement q of a cluster sweep as one placement runs it: the shard
+ * ("%s" for run_command_on_placements) in place of the table, the
+ * parameters as literals (now in UTC, ISO: no setting of the node can read
+ * it otherwise), counting the rows it swept.
+ */
+static char *
+placement_command(IdemQuery q, TimestampTz now)
+{
+	struct pg_tm tm;
+	fsec_t		fsec;
+	char		now_literal[64];
+	char	   *text;
+
+	if (timestamp2tm(now, NULL, &tm, &fsec, NULL, NULL) != 0)
+		elog(ERROR, "timestamp out of range");
+	snprintf(now_literal, sizeof(now_literal),
+			 "'%04d-%02d-%02d %02d:%02d:%02d.%06d+00'::pg_catalog.timestamptz",
+			 tm.tm_year, tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+			 (int) fsec);
+	text = idem_statement_text(q, "%s", idem_store_has_checkpoints());
+	text = idem_replace_all(text, "$2",
+					   psprintf("%s::pg_catalog.jsonb",
+								quote_literal_cstr(DatumGetCString(DirectFunctionCall1(jsonb_out,
+																					   idem_stale_failure_response())))));
+	text = idem_replace_all(text, "$1", now_literal);
+	return psprintf("WITH swept AS (%s RETURNING 1) SELECT pg_catalog.count(*) FROM swept", text);
+}
+
+/*
+ * A cluster sweep while a worker is down: each statement on every
+ * placement in a transaction of its own (not the caller's), the
+ * placements of the unreachable nodes reported, not swept.
+ */
+static uint64
+sweep_placements(TimestampTz now, bool fail_stale, uint64 *stale_released,
+				 uint64 *stale_failed)
+{
+	List	   *warned = NIL;	/* the nodes reported so far */
+
+	if (fail_stale)
+		*stale_failed = idem_citus_count_on_placements(idem_store_table(),
+													   placement_command(Q_CLUSTER_SWEEP_FAIL_STALE, now),
+													   &warned);
+	else
+		*stale_released = idem_citus_count_on_placements(idem_store_table(),
+														 placement_command(Q_CLUSTER_SWEEP_STALE, now),
+														 &warned);
+	return idem_citus_count_on_placements(idem_store_table(),
+										  placement_command(Q_CLUSTER_SWEEP_TERMINAL, now),
+										  &warned);
+}
+
+/*
+ * Sweep a distributed table on every shard at once: expired claims are
+ * deleted (*stale_released) or, with fail_stale, turned into failed
+ * records (*stale_failed); then expired completed and failed records are
+ * deleted.  Returns that last number.  One statement each, in the caller's
+ * transaction; while a worker does not answer (Citus would fail such a
+ * statement as a whole), shard by shard instead, the unreachable ones
+ * reported.
+ */
+uint64
+idem_store_sweep_cluster(TimestampTz now, bool fail_stale,
+						 uint64 *stale_released, uint64 *stale_failed)
+{
+	Datum		values[2];
+
+	*stale_released = 0;
+	*stale_failed = 0;
+	if (idem_citus_unreachable_workers() != NIL)
+		return sweep_placements(now, fail_stale, stale_released, stale_failed);
+	values[0] = TimestampTzGetDatum(now);
+	values[1] = idem_stale_failure_response();
+	if (fail_stale)
+		*stale_failed = idem_store_run(Q_CLUSTER_SWEEP_FAIL_STALE, values, "  ", false, 0);
+	else
+		*stale_released = idem_store_run(Q_CLUSTER_SWEEP_STALE, values, " ", false, 0);
+	return idem_store_run(Q_CLUSTER_SWEEP_TERMINAL, values, " ", false, 0);
+}
