@@ -1,7 +1,8 @@
-// idempotency.example/idempotency is a placeholder module path: replace it
-// with the repository's real host (e.g. github.com/<owner>/idempotency/integrations/go)
-// when the project is published.
-module idempotency.example/idempotency
+// The module lives in the integrations/go directory of the project's
+// repository (https://github.com/idempotency-pg/idempotency), so its path is the repository's
+// and its versions are tags integrations/go/vX.Y.Z (docs/integrations.md,
+// "The project's address").
+module github.com/idempotency-pg/idempotency/integrations/go
 
 go 1.19
 

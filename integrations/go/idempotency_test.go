@@ -32,7 +32,7 @@ import (
 
 	_ "github.com/jackc/pgx/v4/stdlib"
 
-	"idempotency.example/idempotency"
+	"github.com/idempotency-pg/idempotency/integrations/go"
 )
 
 var (

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"idempotency.example/idempotency"
+	"github.com/idempotency-pg/idempotency/integrations/go"
 )
 
 // statusHandler writes a row and answers the status of X-Status with Location and X-Trace.

@@ -6,7 +6,7 @@
 #   ./vendor-debian.sh && go test -mod=vendor ./...
 #
 # vendor-debian.sh DIR does the same for the module in DIR, a service of
-# your own that requires this module (idempotency.example/idempotency) and
+# your own that requires this module (the module path of go.mod) and
 # the requirements of this go.mod: this package is copied from here into
 # DIR/vendor with the others (README.md, "A new module, offline").
 #

@@ -23,6 +23,7 @@ Python 3 stdlib + Debian's psycopg2; no timed assertions.
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -72,6 +73,40 @@ def check(ok, what, detail=""):
         print(f"FAIL {what}" + (f": {detail}" if detail else ""))
     sys.stdout.flush()
     return ok
+
+
+def project_address():
+    """The project's address as docs/integrations.md names it ("The project's address")."""
+    docs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../docs/integrations.md")
+    with open(docs) as f:
+        found = re.search(r"## The project's address\n\nThe three packages name one address for the project,"
+                          r" <(https://[^>]+)>", f.read())
+    return found.group(1) if found else None
+
+
+def check_address(package_dir, name):
+    """The package's files name the project's address only: no placeholder
+    (to-fill-in.example, idempotency.example) and every link into the
+    repository (…/blob/main/…) under that address.  Returns the address."""
+    address = project_address()
+    placeholders, foreign = [], []
+    for directory, dirs, files in os.walk(package_dir):
+        dirs[:] = [d for d in dirs if d not in ("node_modules", "vendor", "__pycache__", "build")]
+        for f in files:
+            path = os.path.join(directory, f)
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    text = fh.read()
+            except (UnicodeDecodeError, OSError):
+                continue
+            rel = os.path.relpath(path, package_dir)
+            placeholders += [rel] if re.search(r"to-fill-in\.example|idempotency\.example", text) else []
+            foreign += [(rel, u) for u in re.findall(r"https?://[^\s)>\"'`]+/blob/main/", text)
+                        if address is None or u != address + "/blob/main/"]
+    check(address is not None and not placeholders and not foreign,
+          f"{name}: its files name the project's address ({address}, docs/integrations.md) and no placeholder",
+          f"placeholders in {placeholders[:5]}, other links {foreign[:5]}")
+    return address
 
 
 def skip(suite, reason):

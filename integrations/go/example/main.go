@@ -33,7 +33,7 @@ import (
 
 	_ "github.com/jackc/pgx/v4/stdlib" // the "pgx" database/sql driver
 
-	"idempotency.example/idempotency"
+	"github.com/idempotency-pg/idempotency/integrations/go"
 )
 
 var (
