@@ -319,7 +319,6 @@ FROM PUBLIC;
 CREATE FUNCTION @extschema@.idem_sql_identifier(value text, name text, required boolean)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     bytes integer;
@@ -341,11 +340,18 @@ BEGIN
 END
 $fn$;
 
+-- Would idem_sql_identifier refuse this required identifier?  (A SQL
+-- function the planner inlines: the callers test this first and call the
+-- helper that raises only then.)
+CREATE FUNCTION @extschema@.idem_sql_bad_identifier(value text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN value IS NULL OR pg_catalog.octet_length(value) NOT BETWEEN 1 AND 255;
+
 -- A token argument: required and positive.
 CREATE FUNCTION @extschema@.idem_sql_token_arg(token bigint)
 RETURNS void
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $fn$
 BEGIN
     IF token IS NULL THEN
@@ -364,7 +370,6 @@ CREATE FUNCTION @extschema@.idem_sql_duration(span interval, name text, default_
                                               zero_allowed boolean)
 RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     months  numeric;
@@ -418,7 +423,6 @@ RETURN pg_catalog.make_interval(hours => (us OPERATOR(pg_catalog./) 3600000000):
 CREATE FUNCTION @extschema@.idem_sql_setting(name text, unit text, default_value bigint)
 RETURNS bigint
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     value text := current_setting(name, true);
@@ -468,7 +472,6 @@ END;
 CREATE FUNCTION @extschema@.idem_sql_check_tenant(tenant text)
 RETURNS void
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     setting text;
@@ -502,7 +505,6 @@ $fn$;
 CREATE FUNCTION @extschema@.idem_sql_jsonb_arg(value jsonb, name text)
 RETURNS void
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     bytes bigint;
@@ -583,7 +585,6 @@ $fn$;
 CREATE FUNCTION @extschema@.idem_sql_null_column(status text, token bigint, expires_at timestamptz)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $fn$
 BEGIN
     RAISE EXCEPTION 'an idempotency record has a null value in column "%"',
@@ -600,7 +601,6 @@ $fn$;
 CREATE FUNCTION @extschema@.idem_sql_own_row(row_xmin xid)
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     x     bigint := row_xmin::text::bigint;
@@ -629,7 +629,6 @@ $fn$;
 CREATE FUNCTION @extschema@.idem_sql_stale_fail()
 RETURNS boolean
 LANGUAGE sql STABLE
-SET search_path = pg_catalog, pg_temp
 RETURN COALESCE(pg_catalog.current_setting('idempotency.stale_action', true), 'release')
        OPERATOR(pg_catalog.=) 'fail';
 
@@ -637,7 +636,6 @@ RETURN COALESCE(pg_catalog.current_setting('idempotency.stale_action', true), 'r
 CREATE FUNCTION @extschema@.idem_sql_check_durability(action text)
 RETURNS void
 LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     mode     text := COALESCE(current_setting('idempotency.durability_check', true), 'warning');
@@ -673,7 +671,6 @@ $fn$;
 CREATE FUNCTION @extschema@.idem_sql_refuse(tenant text, k text, token bigint, action text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     r record;
@@ -699,7 +696,6 @@ CREATE FUNCTION @extschema@.idem_sql_claim_one(p_tenant text, p_key text, p_fing
                                                lease_us bigint, ttl_us bigint, wait_us bigint)
 RETURNS @extschema@.idem_claim_result
 LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     res       @extschema@.idem_claim_result;
@@ -874,25 +870,40 @@ AS $fn$
 DECLARE
     lease_us bigint;
     ttl_us   bigint;
-    wait_us  bigint;
-    floor_s  bigint;
+    wait_us  bigint := 0;
+    floor_s  bigint := 0;
 BEGIN
-    PERFORM @extschema@.idem_sql_identifier(tenant_id, 'tenant_id', true);
-    PERFORM @extschema@.idem_sql_identifier(key, 'key', true);
-    PERFORM @extschema@.idem_sql_identifier(fingerprint, 'fingerprint', false);
-    lease_us := @extschema@.idem_sql_duration(lease, 'lease',
-                    @extschema@.idem_sql_setting('idempotency.lease', 'ms', 300000) * 1000, false);
-    ttl_us := @extschema@.idem_sql_duration(ttl, 'ttl',
-                    @extschema@.idem_sql_setting('idempotency.ttl', 's', 86400) * 1000000, false);
-    wait_us := @extschema@.idem_sql_duration(wait, 'wait', 0, true);
-    floor_s := @extschema@.idem_sql_setting('idempotency.min_ttl', 's', 0);
+    -- the checks in the C edition's order; on the usual path without a call
+    -- of the helper that raises the error (a PL/pgSQL call costs)
+    IF @extschema@.idem_sql_bad_identifier(tenant_id) OR @extschema@.idem_sql_bad_identifier(key) THEN
+        PERFORM @extschema@.idem_sql_identifier(tenant_id, 'tenant_id', true);
+        PERFORM @extschema@.idem_sql_identifier(key, 'key', true);
+    END IF;
+    IF octet_length(fingerprint) NOT BETWEEN 1 AND 255 THEN
+        PERFORM @extschema@.idem_sql_identifier(fingerprint, 'fingerprint', false);
+    END IF;
+    -- an argument, else the setting when it is set, else its default
+    lease_us := CASE WHEN lease IS NOT NULL THEN @extschema@.idem_sql_duration(lease, 'lease', NULL, false)
+                     WHEN current_setting('idempotency.lease', true) IS NULL THEN 300000000
+                     ELSE @extschema@.idem_sql_setting('idempotency.lease', 'ms', 300000) * 1000 END;
+    ttl_us := CASE WHEN ttl IS NOT NULL THEN @extschema@.idem_sql_duration(ttl, 'ttl', NULL, false)
+                   WHEN current_setting('idempotency.ttl', true) IS NULL THEN 86400000000
+                   ELSE @extschema@.idem_sql_setting('idempotency.ttl', 's', 86400) * 1000000 END;
+    IF wait IS NOT NULL THEN
+        wait_us := @extschema@.idem_sql_duration(wait, 'wait', 0, true);
+    END IF;
+    IF current_setting('idempotency.min_ttl', true) IS NOT NULL THEN
+        floor_s := @extschema@.idem_sql_setting('idempotency.min_ttl', 's', 0);
+    END IF;
     IF floor_s > 0 AND ttl_us < floor_s * 1000000 THEN
         RAISE EXCEPTION 'ttl is shorter than idempotency.min_ttl' USING ERRCODE = '22023',
             DETAIL = format('The ttl asked for is %s seconds; the floor is %s seconds.',
                             to_char(ttl_us / 1000000.0, 'FM999999999999990.000'), floor_s),
             HINT = 'Ask for a longer ttl, or have an administrator lower idempotency.min_ttl.';
     END IF;
-    PERFORM @extschema@.idem_sql_check_tenant(tenant_id);
+    IF row_security_active('@extschema@.idempotency_records'::regclass) THEN
+        PERFORM @extschema@.idem_sql_check_tenant(tenant_id);
+    END IF;
     RETURN @extschema@.idem_sql_claim_one(tenant_id, key, fingerprint, lease_us, ttl_us, wait_us);
 END
 $fn$;
@@ -1014,12 +1025,27 @@ AS $fn$
 DECLARE
     now_ timestamptz;
 BEGIN
-    PERFORM @extschema@.idem_sql_identifier(tenant_id, 'tenant_id', true);
-    PERFORM @extschema@.idem_sql_identifier(key, 'key', true);
-    PERFORM @extschema@.idem_sql_token_arg(token);
-    PERFORM @extschema@.idem_sql_check_tenant(tenant_id);
-    PERFORM @extschema@.idem_sql_jsonb_arg(response, 'response');
-    PERFORM @extschema@.idem_sql_check_durability('idem_complete');
+    -- as idem_claim: the helpers that raise are called only when a check fails
+    IF @extschema@.idem_sql_bad_identifier(tenant_id) OR @extschema@.idem_sql_bad_identifier(key) THEN
+        PERFORM @extschema@.idem_sql_identifier(tenant_id, 'tenant_id', true);
+        PERFORM @extschema@.idem_sql_identifier(key, 'key', true);
+    END IF;
+    IF token IS NULL OR token <= 0 THEN
+        PERFORM @extschema@.idem_sql_token_arg(token);
+    END IF;
+    IF row_security_active('@extschema@.idempotency_records'::regclass) THEN
+        PERFORM @extschema@.idem_sql_check_tenant(tenant_id);
+    END IF;
+    -- (below the default limit, uncompressed and with the setting unset, a
+    -- response cannot be too large)
+    IF response IS NOT NULL AND (pg_column_size(response) > 1048576
+                                 OR pg_column_compression(response) IS NOT NULL
+                                 OR current_setting('idempotency.max_response_size', true) IS NOT NULL) THEN
+        PERFORM @extschema@.idem_sql_jsonb_arg(response, 'response');
+    END IF;
+    IF current_setting('synchronous_commit') IN ('off', 'local') THEN
+        PERFORM @extschema@.idem_sql_check_durability('idem_complete');
+    END IF;
     PERFORM pg_advisory_xact_lock(@extschema@.idem_sql_keylock(tenant_id, key));
     now_ := clock_timestamp();
     UPDATE @extschema@.idempotency_records t
