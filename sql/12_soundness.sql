@@ -1,4 +1,4 @@
--- A held claim (src/held.c, src/readers.c) must be invisible in every
+-- A held claim (src/held.c, src/hooks.c) must be invisible in every
 -- statement shape: each result below is what the same SQL gives with every
 -- claim written at once.  Each case failed before the claims were written
 -- only ahead of statements that could see them.

@@ -1,5 +1,5 @@
 -- Never the reason a server goes down, and held claims equal to written
--- ones (src/held.c, src/readers.c).  Every case that compares runs twice:
+-- ones (src/held.c, src/hooks.c).  Every case that compares runs twice:
 -- with idempotency.defer_writes off (each claim written at once) and on;
 -- the two outputs must be the same.  Each failed before this release: a
 -- crash, or on/off answers that differed.

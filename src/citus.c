@@ -8,7 +8,7 @@
  * answers come from Citus's catalog tables, which exist only where Citus
  * is installed, so every function answers "not distributed" / "no shards"
  * on a plain server.  One call shape that crashes Citus is refused here
- * before Citus sees it.  The hot path asks only idem_citus_is_distributed(),
+ * before Citus sees it.  The hot path asks only idem_citus_manages_table(),
  * once per (re)attach of the table (store_attach.c caches the answer until the
  * table's relcache entry is invalidated, which distributing it does).
  * Running a key's statements on its shard of this node is shard_route.c's
@@ -66,12 +66,13 @@ citus_catalog_lists(const char *catalog_name, AttrNumber att, Oid oid)
 }
 
 /*
- * Is table listed in Citus's pg_dist_partition (distributed, or a Citus
- * reference or local table)?  A coordinator and, with metadata synced
- * (Citus's default), every worker list it.
+ * Is table a Citus table: listed in Citus's pg_dist_partition, whether
+ * distributed, a reference table or a Citus local table?  Every statement
+ * on any of them goes through Citus.  A coordinator and, with metadata
+ * synced (Citus's default), every worker list it.
  */
 bool
-idem_citus_is_distributed(Oid table)
+idem_citus_manages_table(Oid table)
 {
 	return citus_catalog_lists("pg_dist_partition", CITUS_DIST_PARTITION_LOGICALRELID, table);
 }

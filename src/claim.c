@@ -273,7 +273,7 @@ claim_lock(ClaimState *st)
 
 	if (st->have_lock)
 		return CLAIM_WRITE;
-	lr = idem_keylock_acquire(st->k, Max(st->deadline - st->now, 0));
+	lr = idem_keylock_try(st->k, Max(st->deadline - st->now, 0));
 	if (lr == IDEM_KEYLOCK_BUSY)
 	{
 		st->res->outcome = IDEM_OUTCOME_IN_PROGRESS;

@@ -180,20 +180,6 @@ text_array(text **items, int n)
 										   false, TYPALIGN_INT));
 }
 
-/*
- * idem_claim_many(tenant_id, keys, fingerprints, lease, ttl)
- *		RETURNS SETOF (key, outcome, token, response, expires_at)
- *
- * One row per element of keys, in order.  All arguments are checked before
- * any key is claimed, so a bad element changes nothing.
- *
- * A batch of new keys costs one statement per 100 keys: every free key's
- * lock, then one INSERT of them all, then the locks are given back.  Keys
- * that turn out to have a record are read by primary key and decided as
- * idem_claim decides; only the rare keys that need more (an expired record
- * to take over, a key repeated in the batch) go through idem_claim_one,
- * exactly as idem_claim would.
- */
 /* The INSERT of a batch's locked keys (idem_store_insert_many). */
 typedef struct FreshInsert
 {
@@ -323,7 +309,7 @@ lock_free_keys(Batch *batch, int from, int to, TimestampTz now)
 		BatchKey   *bk = &batch->keys[i];
 
 		if (bk->first != i ||
-			idem_keylock_acquire(&bk->k, 0) == IDEM_KEYLOCK_BUSY)
+			idem_keylock_try(&bk->k, 0) == IDEM_KEYLOCK_BUSY)
 			continue;
 		bk->locked = true;
 		bk->token = idem_fresh_token(idem_store_token_sequence(), now);
@@ -590,6 +576,20 @@ batch_emit_rows(Batch *batch, ReturnSetInfo *rsinfo)
 	}
 }
 
+/*
+ * idem_claim_many(tenant_id, keys, fingerprints, lease, ttl)
+ *		RETURNS SETOF (key, outcome, token, response, expires_at)
+ *
+ * One row per element of keys, in order.  All arguments are checked before
+ * any key is claimed, so a bad element changes nothing.
+ *
+ * A batch of new keys costs one statement per 100 keys: every free key's
+ * lock, then one INSERT of them all, then the locks are given back.  Keys
+ * that turn out to have a record are read by primary key and decided as
+ * idem_claim decides; only the rare keys that need more (an expired record
+ * to take over, a key repeated in the batch) go through idem_claim_one,
+ * exactly as idem_claim would.
+ */
 Datum
 idem_claim_many(PG_FUNCTION_ARGS)
 {

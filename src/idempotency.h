@@ -118,15 +118,16 @@ typedef enum IdemStatus
 } IdemStatus;
 
 /*
- * One record as the caller's snapshot sees it.  fingerprint and response
- * point into SPI memory: valid until idem_store_end().
+ * One record as the caller's snapshot sees it.  Its varlena values
+ * (fingerprint, response, recovery_point, state) are in the memory of the
+ * call's SPI connection: valid until idem_store_end().
  */
 typedef struct IdemRecord
 {
 	IdemStatus	status;
 	int64		token;
 	text	   *fingerprint;	/* NULL when the column is NULL */
-	Datum		response;		/* copied into the caller's context */
+	Datum		response;		/* valid when !response_isnull */
 	bool		response_isnull;
 	TimestampTz expires_at;
 	bool		lease_isnull;
@@ -214,7 +215,7 @@ extern uint64 idem_store_sweep_fail_stale(TimestampTz now, int batch_size);
 extern uint64 idem_store_sweep_cluster(TimestampTz now, bool fail_stale,
 									   uint64 *stale_released,
 									   uint64 *stale_failed);
-extern void idem_store_sweep_shard(Oid shard);
+extern void idem_store_direct_sweeps_to(Oid shard);
 extern bool idem_store_distributed(void);
 
 extern Datum idem_stale_failure_response(void);
@@ -237,7 +238,7 @@ extern bool idem_direct_key_taken(const IdemKey *k, TransactionId *inserter);
 
 /* ---------- a Citus cluster (citus.c) ---------- */
 
-extern bool idem_citus_is_distributed(Oid table);
+extern bool idem_citus_manages_table(Oid table);
 extern List *idem_citus_local_shards(Oid table);
 extern void idem_citus_refuse_crashing_call(Query *parse);
 extern List *idem_citus_unreachable_workers(void);
@@ -291,11 +292,11 @@ typedef enum IdemKeyLockResult
 	IDEM_KEYLOCK_BUSY			/* held elsewhere (and the wait, if any, ran out) */
 } IdemKeyLockResult;
 
-extern IdemKeyLockResult idem_keylock_acquire(const IdemKey *k, int64 wait_us);
+extern IdemKeyLockResult idem_keylock_try(const IdemKey *k, int64 wait_us);
 /* Which transaction still in flight has inserted k (direct_read.c)? */
 typedef TransactionId (*IdemInserterProbe) (const IdemKey *k);
 
-extern void idem_keylock_hold(const IdemKey *k, IdemInserterProbe inserter_of);
+extern void idem_keylock_take(const IdemKey *k, IdemInserterProbe inserter_of);
 extern void idem_keylock_release(const IdemKey *k);
 extern bool idem_keylock_wait_for_inserter(TransactionId xid, int64 wait_us);
 
@@ -402,7 +403,6 @@ extern void idem_claim_result_columns(const IdemClaimResult *res,
 /* ---------- fencing tokens (tokens.c) ---------- */
 
 extern void idem_tokens_request_shmem(void);
-extern int64 idem_fresh_tokens(Oid sequence, TimestampTz now, int n);
 extern int64 idem_fresh_token(Oid sequence, TimestampTz now);
 extern int64 idem_successor_token(Oid sequence, TimestampTz now, int64 old);
 

@@ -116,11 +116,13 @@ keylock_wait(const LOCKTAG *tag, int64 wait_us)
 }
 
 /*
- * Take the key lock for the rest of the transaction.  With wait_us = 0 this
- * never blocks.  Taking it again in the same transaction succeeds.
+ * Try to take the key lock for the rest of the transaction, waiting at most
+ * wait_us for another holder to let go (wait_us = 0: never blocks).  Taking
+ * it again in the same transaction succeeds.  Used by claims, which answer
+ * in_progress when the lock stays busy.
  */
 IdemKeyLockResult
-idem_keylock_acquire(const IdemKey *k, int64 wait_us)
+idem_keylock_try(const IdemKey *k, int64 wait_us)
 {
 	LOCKTAG		tag;
 
@@ -186,7 +188,7 @@ inserter_wait(TransactionId xid)
  * there sleeps a millisecond first.
  */
 void
-idem_keylock_hold(const IdemKey *k, IdemInserterProbe inserter_of)
+idem_keylock_take(const IdemKey *k, IdemInserterProbe inserter_of)
 {
 	LOCKTAG		tag;
 	TransactionId waited_for = InvalidTransactionId;

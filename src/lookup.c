@@ -91,7 +91,7 @@ idem_forget(PG_FUNCTION_ARGS)
 	 * now, when it is called outside any statement (a PL/pgSQL expression) */
 	idem_held_write_all();
 	idem_store_begin(fcinfo);
-	idem_keylock_hold(&k, idem_direct_inserter);
+	idem_keylock_take(&k, idem_direct_inserter);
 	removed = idem_store_forget(&k);
 	idem_store_end();
 

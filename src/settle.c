@@ -139,7 +139,7 @@ idem_complete(PG_FUNCTION_ARGS)
 							 GetCurrentTimestamp()))
 	{
 		idem_store_begin(fcinfo);
-		idem_keylock_hold(&k, idem_direct_inserter);
+		idem_keylock_take(&k, idem_direct_inserter);
 		if (!idem_store_finish(&k, token, IDEM_COMPLETED, response,
 							   response_isnull, GetCurrentTimestamp()))
 			report_refused(&k, token, "complete");
@@ -204,7 +204,7 @@ idem_release(PG_FUNCTION_ARGS)
 		TimestampTz now = GetCurrentTimestamp();
 
 		idem_store_begin(fcinfo);
-		idem_keylock_hold(&k, idem_direct_inserter);
+		idem_keylock_take(&k, idem_direct_inserter);
 		if (failure_isnull)
 			done = release_claim(&k, token, now);
 		else
@@ -247,7 +247,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	if (held != NULL)
 		idem_held_materialize(held);
 	idem_store_begin(fcinfo);
-	idem_keylock_hold(&k, idem_direct_inserter);
+	idem_keylock_take(&k, idem_direct_inserter);
 	if (!idem_store_extend_lease(&k, token, now, lease_end))
 		report_refused(&k, token, "heartbeat");
 	idem_store_end();
@@ -299,7 +299,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("recovery points need version 1.1 of the idempotency extension"),
 				 errhint("Run ALTER EXTENSION idempotency UPDATE.")));
-	idem_keylock_hold(&k, idem_direct_inserter);
+	idem_keylock_take(&k, idem_direct_inserter);
 	if (!idem_store_checkpoint(&k, token, point, state, now, lease_end))
 		report_refused(&k, token, "checkpoint");
 	idem_store_end();

@@ -179,7 +179,7 @@ const IdemStatement idem_statements[NUM_QUERIES] = {
 	 * claim takes it over and resumes from its recovery point, while its
 	 * retention lasts.
 	 */
-	[Q_RELEASE_KEEP] = {
+	[Q_HAND_ON] = {
 		.text =
 		"UPDATE %1$s SET token = $4, lease_expires_at = $5, expires_at =" EXPIRY(5) ","
 		" updated_at = $5"

@@ -334,7 +334,7 @@ idem_store_hand_on(const IdemKey *k, int64 token, int64 new_token,
 	values[2] = Int64GetDatum(token);
 	values[3] = Int64GetDatum(new_token);
 	values[4] = TimestampTzGetDatum(now);
-	return idem_store_run(Q_RELEASE_KEEP, values, "     ", false, 0) == 1;
+	return idem_store_run(Q_HAND_ON, values, "     ", false, 0) == 1;
 }
 
 /*

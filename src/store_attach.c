@@ -48,7 +48,7 @@ static Oid	cached_schema = InvalidOid;
 static Oid	cached_table = InvalidOid;
 static bool table_verified = false;
 static bool has_checkpoints = false;	/* recovery_point and state (1.1) */
-static bool table_distributed = false;	/* by Citus (citus.c) */
+static bool table_distributed = false;	/* a Citus table (citus.c) */
 static bool table_as_made = false;	/* as the extension made it */
 static char *isolation_setting = NULL;	/* the extension's own tenant
 										 * isolation: its setting */
@@ -249,7 +249,7 @@ store_attach(Oid nsp)
 	}
 
 	key_index = idem_check_table_shape(table, &checkpoints);
-	distributed = idem_citus_is_distributed(table);
+	distributed = idem_citus_manages_table(table);
 	if (nsp != cached_schema || table != cached_table ||
 		checkpoints != has_checkpoints || distributed != table_distributed)
 		store_forget_plans();
@@ -385,9 +385,11 @@ idem_store_table_as_made(void)
 }
 
 /*
- * Is the table distributed by Citus?  Then its rows live in shards on
- * other nodes, every statement on it is routed there, and nothing may be
- * held in this backend's memory (held.c).
+ * Is the table a Citus table (distributed, or a reference or Citus local
+ * table: idem_citus_manages_table)?  Then its rows live in shards, on this
+ * node or others, every statement on it goes through Citus (or to the
+ * tenant's shard here, shard_route.c), and nothing may be held in this
+ * backend's memory (held.c).
  */
 bool
 idem_store_distributed(void)
@@ -400,7 +402,7 @@ idem_store_distributed(void)
  * distributed table (a relation on this node), until idem_store_end().
  */
 void
-idem_store_sweep_shard(Oid shard)
+idem_store_direct_sweeps_to(Oid shard)
 {
 	sweep_shard = shard;
 }

@@ -24,7 +24,7 @@
  * (status = 'processing', expires_at) and advance *from to the latest expiry.
  */
 static void
-count_swept(uint64 n, TimestampTz *from, uint64 *stale_released)
+read_swept_rows(uint64 n, TimestampTz *from, uint64 *stale_released)
 {
 	*stale_released = 0;
 	for (uint64 i = 0; i < n; i++)
@@ -63,7 +63,7 @@ idem_store_sweep_expired(TimestampTz now, int batch_size,
 	values[2] = TimestampTzGetDatum(*from);
 	n = idem_store_run(include_stale_claims ? Q_SWEEP_ALL : Q_SWEEP_TERMINAL,
 				  values, "   ", false, 0);
-	count_swept(n, from, stale_released);
+	read_swept_rows(n, from, stale_released);
 	return n;
 }
 
@@ -84,7 +84,7 @@ idem_store_sweep_group(TimestampTz at, bool include_stale_claims,
 
 	n = idem_store_run(include_stale_claims ? Q_SWEEP_GROUP_ALL : Q_SWEEP_GROUP_TERMINAL,
 				  values, " ", false, 0);
-	count_swept(n, &last, stale_released);
+	read_swept_rows(n, &last, stale_released);
 	return n;
 }
 

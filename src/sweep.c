@@ -37,7 +37,7 @@ idem_sweep_cursor_init(IdemSweepCursor *cursor, bool one_transaction)
 
 /* Add what a sweep statement removed or failed to the pass and to idem_stats. */
 static void
-count_swept(IdemSweepCounts *counts, uint64 expired, uint64 released,
+add_swept(IdemSweepCounts *counts, uint64 expired, uint64 released,
 			uint64 failed)
 {
 	counts->expired_removed += expired;
@@ -84,7 +84,7 @@ idem_sweep_batch(int batch_size, IdemSweepCursor *cursor,
 		cursor->expired_from += 1;	/* timestamps are whole microseconds */
 	}
 
-	count_swept(counts, deleted - released, released, failed);
+	add_swept(counts, deleted - released, released, failed);
 	return deleted >= (uint64) batch_size || failed == (uint64) batch_size;
 }
 
@@ -132,7 +132,7 @@ sweep_cluster(IdemSweepCounts *counts)
 	deleted = idem_store_sweep_cluster(GetCurrentTimestamp(),
 									   idem_stale_action == IDEM_STALE_FAIL,
 									   &released, &failed);
-	count_swept(counts, deleted, released, failed);
+	add_swept(counts, deleted, released, failed);
 }
 
 /*

@@ -515,16 +515,6 @@ reserve(Oid sequence, TimestampTz now, int n, int64 exact)
 	return first;
 }
 
-/*
- * n fresh tokens: the first is returned, the others follow 2 apart.  Each
- * is greater than every token handed out before, plus one.
- */
-int64
-idem_fresh_tokens(Oid sequence, TimestampTz now, int n)
-{
-	return reserve(sequence, now, n, 0);
-}
-
 int64
 idem_fresh_token(Oid sequence, TimestampTz now)
 {

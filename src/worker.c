@@ -481,7 +481,7 @@ direct_to_shard(RangeVar *shard)
 	relid = RangeVarGetRelid(shard, RowExclusiveLock, true);
 	if (!OidIsValid(relid))
 		return false;
-	idem_store_sweep_shard(relid);
+	idem_store_direct_sweeps_to(relid);
 	return true;
 }
 

@@ -11,12 +11,12 @@
 #     poll loop);
 #   - idem_complete, idem_release, idem_heartbeat, idem_checkpoint and
 #     idem_forget on a key another open transaction claimed (keylock.c's
-#     idem_keylock_hold);
+#     idem_keylock_take);
 #   - idem_claim with wait and the same five on a key an idem_claim_many
 #     still in flight inserted (the wait for the inserting transaction);
 #   - the same on a key whose row stays "in progress" after its
 #     transaction ended (a held claim written inside a subtransaction that
-#     rolled back, issue 34): the claim's loop and idem_keylock_hold spun
+#     rolled back, issue 34): the claim's loop and idem_keylock_take spun
 #     on it without looking at interrupts.  Once such a row can no longer
 #     be made, those waiters answer at once: that is counted as a pass
 #     (nothing to wait for), and noted.
