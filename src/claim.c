@@ -201,7 +201,7 @@ static bool
 claim_begin(ClaimState *st, const IdemKey *k, const IdemClaimArgs *args,
 			IdemClaimResult *res)
 {
-	IdemHeldClaim *held = idem_held_find(k, 0);
+	const IdemHeldClaim *held = idem_held_get(idem_held_find(k, 0));
 
 	st->k = k;
 	st->args = args;

@@ -83,6 +83,7 @@ static IdemHeldClaim *held = NULL;
 static int	held_allocated = 0;
 static int	held_used = 0;
 static bool writing_all = false;
+static IdemHeldRef last_ref = IDEM_HELD_NONE;	/* the ref given last */
 
 /*
  * Some claim is held and not written: the executor and utility hooks
@@ -91,6 +92,7 @@ static bool writing_all = false;
 bool		idem_claims_held = false;
 
 static CommandId act_as_statement(void);
+static void materialize(IdemHeldClaim *p);
 
 static bool
 is_held(const IdemHeldClaim *p)
@@ -204,7 +206,31 @@ idem_held_allowed(Oid table)
 }
 
 /*
- * The held, unsettled claim of k in this transaction, or NULL.  A held
+ * The held claim of ref, or NULL when it is no longer held (written since,
+ * or its transaction is over).  Entries move in the array (remove_entry,
+ * repalloc): a pointer to one is good only until the next write.
+ */
+static IdemHeldClaim *
+entry_of(IdemHeldRef ref)
+{
+	for (int i = 0; i < held_used; i++)
+		if (held[i].ref == ref && is_held(&held[i]))
+			return &held[i];
+	return NULL;
+}
+
+/*
+ * The held claim of ref as it is now, or NULL when it is no longer held.
+ * The pointer is good until the next call into this file.
+ */
+const IdemHeldClaim *
+idem_held_get(IdemHeldRef ref)
+{
+	return entry_of(ref);
+}
+
+/*
+ * The held, unsettled claim of k in this transaction, or IDEM_HELD_NONE.  A held
  * claim of k that was settled already (completed, failed or released) is
  * written first, so that the caller reads and writes the key as it would
  * have been written; so is one whose record the caller may not read, or
@@ -212,7 +238,7 @@ idem_held_allowed(Oid table)
  * caller's statement then meets its own privilege error, before anything
  * looks at the token, exactly as it would on a written claim.
  */
-IdemHeldClaim *
+IdemHeldRef
 idem_held_find(const IdemKey *k, AclMode mode)
 {
 	for (int i = 0; i < held_used; i++)
@@ -224,11 +250,11 @@ idem_held_find(const IdemKey *k, AclMode mode)
 			continue;
 		if (p->settle == IDEM_HELD_OPEN &&
 			may_use_table(p->schema, p->table, ACL_SELECT | mode))
-			return p;
-		idem_held_materialize(p);
-		return NULL;
+			return p->ref;
+		materialize(p);
+		return IDEM_HELD_NONE;
 	}
-	return NULL;
+	return IDEM_HELD_NONE;
 }
 
 /*
@@ -310,6 +336,9 @@ idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
 	}
 	old = MemoryContextSwitchTo(held_context);
 	p = &held[held_used++];
+	if (++last_ref == IDEM_HELD_NONE)
+		++last_ref;
+	p->ref = last_ref;
 	p->tenant_id = (text *) PG_DETOAST_DATUM_COPY(PointerGetDatum(k->tenant_id));
 	p->key = (text *) PG_DETOAST_DATUM_COPY(PointerGetDatum(k->key));
 	p->fingerprint = fingerprint ?
@@ -436,8 +465,8 @@ write_as_owner(IdemHeldClaim *p, HeldWrite what)
  * Write a held claim as its history, so that from now on it is a written
  * claim in every respect.
  */
-void
-idem_held_materialize(IdemHeldClaim *p)
+static void
+materialize(IdemHeldClaim *p)
 {
 	volatile bool pushed = false;
 
@@ -464,7 +493,7 @@ may_record_settle(IdemHeldClaim *p, AclMode mode)
 	if (GetCurrentTransactionNestLevel() == 1 && !XactReadOnly &&
 		may_use_table(p->schema, p->table, mode))
 		return true;
-	idem_held_materialize(p);
+	materialize(p);
 	return false;
 }
 
@@ -490,19 +519,34 @@ may_be_toasted(Datum response)
 }
 
 /*
- * Complete (IDEM_COMPLETED) or fail (IDEM_FAILED) a held claim.  Returns
- * false when the claim was written instead and the caller must settle it
- * as a written claim.
+ * Write the held claim of ref as its history, if it is still held.
+ */
+void
+idem_held_materialize(IdemHeldRef ref)
+{
+	IdemHeldClaim *p = entry_of(ref);
+
+	if (p != NULL)
+		materialize(p);
+}
+
+/*
+ * Complete (IDEM_COMPLETED) or fail (IDEM_FAILED) the held claim of ref.
+ * Returns false when the claim was written instead (or had been) and the
+ * caller must settle it as a written claim.
  */
 bool
-idem_held_finish(IdemHeldClaim *p, IdemStatus status, Datum response,
-					bool response_isnull, TimestampTz now)
+idem_held_finish(IdemHeldRef ref, IdemStatus status, Datum response,
+				 bool response_isnull, TimestampTz now)
 {
+	IdemHeldClaim *p = entry_of(ref);
 	MemoryContext old;
 
+	if (p == NULL)
+		return false;
 	if (!response_isnull && may_be_toasted(response))
 	{
-		idem_held_materialize(p);
+		materialize(p);
 		return false;
 	}
 	if (!may_record_settle(p, ACL_SELECT | ACL_UPDATE))
@@ -522,14 +566,16 @@ idem_held_finish(IdemHeldClaim *p, IdemStatus status, Datum response,
 }
 
 /*
- * Release a held claim without a failure: its DELETE is recorded (a held
- * claim has no recovery point: a checkpoint writes it).  Returns false when
- * the claim was written instead.
+ * Release the held claim of ref without a failure: its DELETE is recorded
+ * (a held claim has no recovery point: a checkpoint writes it).  Returns
+ * false when the claim was written instead (or had been).
  */
 bool
-idem_held_release(IdemHeldClaim *p, TimestampTz now)
+idem_held_release(IdemHeldRef ref, TimestampTz now)
 {
-	if (!may_record_settle(p, ACL_SELECT | ACL_DELETE))
+	IdemHeldClaim *p = entry_of(ref);
+
+	if (p == NULL || !may_record_settle(p, ACL_SELECT | ACL_DELETE))
 		return false;
 	p->settle_cid = act_as_statement();
 	p->settle = IDEM_HELD_RELEASED;
@@ -571,7 +617,7 @@ idem_held_write_all(void)
 		IdemHeldClaim *p;
 
 		while ((p = oldest_held()) != NULL)
-			idem_held_materialize(p);
+			materialize(p);
 	}
 	PG_FINALLY();
 	{

@@ -296,11 +296,16 @@ idem_xact_callback(XactEvent event, void *arg)
 			/* COMMIT wrote them already (ProcessUtility): this covers the rest */
 			idem_held_write_final();
 			break;
-		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			/* a call of ours that was running ended in the error */
+			idem_store_call_aborted();
+			idem_held_xact_ended();
+			idem_shard_route_xact_ended();
+			break;
+		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PREPARE:
 		case XACT_EVENT_PARALLEL_COMMIT:
-		case XACT_EVENT_PARALLEL_ABORT:
 			idem_held_xact_ended();
 			idem_shard_route_xact_ended();
 			break;

@@ -150,6 +150,7 @@ extern void idem_store_begin(FunctionCallInfo fcinfo);
 extern void idem_store_begin_in_schema(Oid nsp);
 extern void idem_store_check_tenant(FunctionCallInfo fcinfo, const text *tenant);
 extern void idem_store_end(void);
+extern void idem_store_call_aborted(void);
 extern Oid	idem_store_table(void);
 extern Oid	idem_store_schema(void);
 extern Oid	idem_store_token_sequence(void);
@@ -310,9 +311,17 @@ typedef enum IdemHeldSettle
 	IDEM_HELD_RELEASED			/* released without failure */
 } IdemHeldSettle;
 
+/*
+ * A held claim is addressed by its ref, which stays the same while it is
+ * held (the entries themselves move); IDEM_HELD_NONE: none.
+ */
+typedef uint32 IdemHeldRef;
+#define IDEM_HELD_NONE	((IdemHeldRef) 0)
+
 /* A fresh claim of this transaction whose record is not written yet. */
 typedef struct IdemHeldClaim
 {
+	IdemHeldRef ref;
 	text	   *tenant_id;
 	text	   *key;
 	text	   *fingerprint;	/* NULL: none */
@@ -335,15 +344,16 @@ typedef struct IdemHeldClaim
 
 extern PGDLLIMPORT bool idem_claims_held;
 extern bool idem_held_allowed(Oid table);
-extern IdemHeldClaim *idem_held_find(const IdemKey *k, AclMode mode);
+extern IdemHeldRef idem_held_find(const IdemKey *k, AclMode mode);
+extern const IdemHeldClaim *idem_held_get(IdemHeldRef ref);
 extern bool idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
 							 TimestampTz now, TimestampTz lease_expires_at,
 							 int64 ttl_us);
-extern bool idem_held_finish(IdemHeldClaim *p, IdemStatus status,
+extern bool idem_held_finish(IdemHeldRef ref, IdemStatus status,
 								Datum response, bool response_isnull,
 								TimestampTz now);
-extern bool idem_held_release(IdemHeldClaim *p, TimestampTz now);
-extern void idem_held_materialize(IdemHeldClaim *p);
+extern bool idem_held_release(IdemHeldRef ref, TimestampTz now);
+extern void idem_held_materialize(IdemHeldRef ref);
 extern void idem_held_write_all(void);
 extern void idem_held_write_final(void);
 extern bool idem_held_table_in(List *relation_oids);

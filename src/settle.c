@@ -92,14 +92,14 @@ check_durability(const char *action)
  * the key's current token, so any other token is refused here exactly as
  * the record would refuse it.
  */
-static IdemHeldClaim *
+static IdemHeldRef
 held_claim(const IdemKey *k, int64 token, const char *action, AclMode mode)
 {
-	IdemHeldClaim *p = idem_held_find(k, mode);
+	IdemHeldRef ref = idem_held_find(k, mode);
 
-	if (p != NULL && p->token != token)
+	if (ref != IDEM_HELD_NONE && idem_held_get(ref)->token != token)
 		refuse_token(token, action);
-	return p;
+	return ref;
 }
 
 /*
@@ -127,14 +127,14 @@ idem_complete(PG_FUNCTION_ARGS)
 	int64		token;
 	Datum		response;
 	bool		response_isnull;
-	IdemHeldClaim *held;
+	IdemHeldRef held;
 
 	fenced_args(fcinfo, &k, &token);
 	response = idem_arg_jsonb(fcinfo, 3, "response", &response_isnull);
 	check_durability("idem_complete");
 
 	held = held_claim(&k, token, "complete", ACL_UPDATE);
-	if (held == NULL ||
+	if (held == IDEM_HELD_NONE ||
 		!idem_held_finish(held, IDEM_COMPLETED, response, response_isnull,
 							 GetCurrentTimestamp()))
 	{
@@ -186,7 +186,7 @@ idem_release(PG_FUNCTION_ARGS)
 	Datum		failure;
 	bool		failure_isnull;
 	bool		done;
-	IdemHeldClaim *held;
+	IdemHeldRef held;
 
 	fenced_args(fcinfo, &k, &token);
 	failure = idem_arg_jsonb(fcinfo, 3, "failure", &failure_isnull);
@@ -195,7 +195,7 @@ idem_release(PG_FUNCTION_ARGS)
 
 	held = held_claim(&k, token, "release",
 					  failure_isnull ? ACL_DELETE : ACL_UPDATE);
-	if (held == NULL ||
+	if (held == IDEM_HELD_NONE ||
 		!(failure_isnull ?
 		  idem_held_release(held, GetCurrentTimestamp()) :
 		  idem_held_finish(held, IDEM_FAILED, failure, false,
@@ -234,7 +234,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 	int64		lease_us;
 	TimestampTz now;
 	TimestampTz lease_end;
-	IdemHeldClaim *held;
+	IdemHeldRef held;
 
 	fenced_args(fcinfo, &k, &token);
 	lease_us = idem_arg_duration(fcinfo, 3, "lease",
@@ -244,7 +244,7 @@ idem_heartbeat(PG_FUNCTION_ARGS)
 
 	/* a held claim is written first, then extended as a written one */
 	held = held_claim(&k, token, "heartbeat", ACL_UPDATE);
-	if (held != NULL)
+	if (held != IDEM_HELD_NONE)
 		idem_held_materialize(held);
 	idem_store_begin(fcinfo);
 	idem_keylock_take(&k, idem_direct_inserter);
@@ -278,7 +278,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 	bool		state_isnull;
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz lease_end = 0;	/* 0: the lease stays as it is */
-	IdemHeldClaim *held;
+	IdemHeldRef held;
 
 	fenced_args(fcinfo, &k, &token);
 	point = idem_arg_identifier(fcinfo, 3, "point", true);
@@ -291,7 +291,7 @@ idem_checkpoint(PG_FUNCTION_ARGS)
 
 	/* a held claim is written first, then checkpointed as a written one */
 	held = held_claim(&k, token, "checkpoint", ACL_UPDATE);
-	if (held != NULL)
+	if (held != IDEM_HELD_NONE)
 		idem_held_materialize(held);
 	idem_store_begin(fcinfo);
 	if (!idem_store_has_checkpoints())

@@ -55,12 +55,32 @@ static char *isolation_setting = NULL;	/* the extension's own tenant
 static SPIPlanPtr plans[NUM_QUERIES];
 
 /*
- * The shard a sweep batch works on instead of the table (the sweeper on a
- * Citus node), or InvalidOid; and the sweep plans made for it, which live
- * in the SPI connection's memory and go with it at idem_store_end().
+ * What one call (idem_store_begin .. idem_store_end) has set for the
+ * statements it runs.  Cleared when the call ends, and when the
+ * transaction aborts (idem_store_call_aborted, from hooks.c): a call that
+ * ended in an error leaves nothing behind for the next one, such as plans
+ * in the memory of an SPI connection that is gone.
  */
-static Oid	sweep_shard = InvalidOid;
-static SPIPlanPtr shard_plans[NUM_QUERIES];
+typedef struct StoreCall
+{
+	Oid			sweep_shard;	/* sweeps go to this shard of the table (the
+								 * sweeper on a Citus node), or InvalidOid */
+	SPIPlanPtr	shard_plans[NUM_QUERIES];	/* the sweep statements on it,
+											 * in the SPI connection */
+	CommandId	stamp_cid;		/* our writes' command ID when a held
+								 * claim is written (held.c), or
+								 * InvalidCommandId */
+} StoreCall;
+
+static StoreCall call = {.sweep_shard = InvalidOid, .stamp_cid = InvalidCommandId};
+
+static void
+clear_call(void)
+{
+	memset(&call, 0, sizeof(call));
+	call.sweep_shard = InvalidOid;
+	call.stamp_cid = InvalidCommandId;
+}
 
 /*
  * The schema of each of our functions called in this backend: a handful
@@ -89,7 +109,6 @@ static bool syscache_callback_registered = false;
  * with, when a held claim is written (held.c), is applied there.
  */
 bool		idem_store_statement_starting = false;
-static CommandId stamp_cid = InvalidCommandId;
 
 static bool relcache_callback_registered = false;
 
@@ -110,8 +129,8 @@ idem_store_take_statement_start(void)
 void
 idem_store_statement_started(QueryDesc *queryDesc)
 {
-	if (stamp_cid != InvalidCommandId && queryDesc->estate != NULL)
-		queryDesc->estate->es_output_cid = stamp_cid;
+	if (call.stamp_cid != InvalidCommandId && queryDesc->estate != NULL)
+		queryDesc->estate->es_output_cid = call.stamp_cid;
 }
 
 /*
@@ -122,7 +141,7 @@ idem_store_statement_started(QueryDesc *queryDesc)
 void
 idem_store_stamp_writes(CommandId cid)
 {
-	stamp_cid = cid;
+	call.stamp_cid = cid;
 }
 
 /*
@@ -342,9 +361,18 @@ idem_store_begin_in_schema(Oid nsp)
 void
 idem_store_end(void)
 {
-	sweep_shard = InvalidOid;
-	memset(shard_plans, 0, sizeof(shard_plans));
+	clear_call();
 	SPI_finish();
+}
+
+/*
+ * The transaction is aborting: a call that was running ended in the error
+ * (PostgreSQL closes its SPI connection), so what it had set goes too.
+ */
+void
+idem_store_call_aborted(void)
+{
+	clear_call();
 }
 
 Oid
@@ -404,7 +432,7 @@ idem_store_distributed(void)
 void
 idem_store_direct_sweeps_to(Oid shard)
 {
-	sweep_shard = shard;
+	call.sweep_shard = shard;
 }
 
 /* Has the table the recovery point columns (not with the 1.0 objects)? */
@@ -449,9 +477,9 @@ static SPIPlanPtr
 sweep_shard_plan(IdemQuery q)
 {
 	Assert(q >= Q_SWEEP_ALL && q <= Q_SWEEP_FAIL_STALE);
-	if (shard_plans[q] == NULL)
-		shard_plans[q] = prepare_statement(q, sweep_shard, false, 0);
-	return shard_plans[q];
+	if (call.shard_plans[q] == NULL)
+		call.shard_plans[q] = prepare_statement(q, call.sweep_shard, false, 0);
+	return call.shard_plans[q];
 }
 
 /*
@@ -497,7 +525,7 @@ table_plan(IdemQuery q)
 static SPIPlanPtr
 store_plan(IdemQuery q, Datum *values)
 {
-	if (OidIsValid(sweep_shard))
+	if (OidIsValid(call.sweep_shard))
 		return sweep_shard_plan(q);
 	if (table_distributed && IDEM_QUERY_OF_ONE_KEY(q))
 	{
