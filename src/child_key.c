@@ -19,6 +19,7 @@
 
 #include "compat.h"
 #include "idempotency.h"
+#include "validate.h"
 
 PG_FUNCTION_INFO_V1(idem_child_key);
 

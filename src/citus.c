@@ -37,6 +37,7 @@
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
+#include "citus.h"
 #include "citus_compat.h"
 #include "compat.h"
 #include "idempotency.h"

@@ -27,7 +27,18 @@
 #include "utils/typcache.h"
 #include "utils/wait_event.h"
 
+#include "claim.h"
+#include "direct_read.h"
+#include "guc.h"
+#include "held.h"
 #include "idempotency.h"
+#include "keylock.h"
+#include "record.h"
+#include "stats.h"
+#include "store.h"
+#include "store_attach.h"
+#include "tokens.h"
+#include "validate.h"
 
 PG_FUNCTION_INFO_V1(idem_claim);
 

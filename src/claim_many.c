@@ -21,7 +21,16 @@
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 
+#include "claim.h"
+#include "direct_read.h"
+#include "held.h"
 #include "idempotency.h"
+#include "keylock.h"
+#include "stats.h"
+#include "store.h"
+#include "store_attach.h"
+#include "tokens.h"
+#include "validate.h"
 
 PG_FUNCTION_INFO_V1(idem_claim_many);
 

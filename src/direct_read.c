@@ -48,7 +48,11 @@
 #include "utils/snapmgr.h"
 
 #include "compat.h"
+#include "direct_read.h"
+#include "guc.h"
 #include "idempotency.h"
+#include "record.h"
+#include "table_shape.h"
 
 /* Where each column the read returns is in the table (0: not there). */
 typedef struct RecordColumns

@@ -13,6 +13,7 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
+#include "guc.h"
 #include "idempotency.h"
 
 int			idem_default_lease_ms = 5 * 60 * 1000;

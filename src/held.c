@@ -64,7 +64,13 @@
 #include "utils/syscache.h"
 
 #include "compat.h"
+#include "guc.h"
+#include "held.h"
 #include "idempotency.h"
+#include "store.h"
+#include "store_attach.h"
+#include "table_shape.h"
+#include "validate.h"
 
 /*
  * At most this many claims are held at once; further ones are written at

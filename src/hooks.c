@@ -48,8 +48,12 @@
 #include "tcop/utility.h"
 #include "utils/guc.h"
 
+#include "citus.h"
 #include "compat.h"
+#include "held.h"
+#include "hooks.h"
 #include "idempotency.h"
+#include "shard_route.h"
 #include "store_attach.h"
 
 static planner_hook_type prev_planner = NULL;

@@ -30,6 +30,8 @@
 #include "utils/wait_event.h"
 
 #include "idempotency.h"
+#include "keylock.h"
+#include "subxact.h"
 
 #define IDEM_KEYLOCK_CLASS	0x4944		/* "ID" */
 

@@ -9,7 +9,14 @@
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
+#include "direct_read.h"
+#include "held.h"
 #include "idempotency.h"
+#include "keylock.h"
+#include "record.h"
+#include "store.h"
+#include "store_attach.h"
+#include "validate.h"
 
 PG_FUNCTION_INFO_V1(idem_lookup);
 PG_FUNCTION_INFO_V1(idem_forget);

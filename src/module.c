@@ -1,5 +1,5 @@
 /*
- * idempotency.c
+ * module.c
  *		Module entry point: registration only.
  *
  * Loaded on first use (CREATE EXTENSION, a function call) the library only
@@ -14,7 +14,12 @@
 
 #include "miscadmin.h"
 
+#include "guc.h"
+#include "hooks.h"
 #include "idempotency.h"
+#include "stats.h"
+#include "tokens.h"
+#include "worker.h"
 
 PG_MODULE_MAGIC;
 

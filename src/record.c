@@ -14,6 +14,7 @@
 #include "utils/memutils.h"
 
 #include "idempotency.h"
+#include "record.h"
 
 static Datum stale_failure_response = (Datum) 0;
 

@@ -14,7 +14,17 @@
 #include "replication/syncrep.h"
 #include "utils/timestamp.h"
 
+#include "direct_read.h"
+#include "guc.h"
+#include "held.h"
 #include "idempotency.h"
+#include "keylock.h"
+#include "record.h"
+#include "stats.h"
+#include "store.h"
+#include "store_attach.h"
+#include "tokens.h"
+#include "validate.h"
 
 PG_FUNCTION_INFO_V1(idem_complete);
 PG_FUNCTION_INFO_V1(idem_release);

@@ -77,6 +77,7 @@
 #include "citus_compat.h"
 #include "compat.h"
 #include "idempotency.h"
+#include "shard_route.h"
 #include "statements.h"
 
 typedef int (*LocalExecutionStatusFn) (void);

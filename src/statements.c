@@ -15,6 +15,7 @@
 #include "catalog/pg_type.h"
 #include "lib/stringinfo.h"
 
+#include "idempotency.h"
 #include "statements.h"
 
 

@@ -29,7 +29,9 @@
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 
+#include "guc.h"
 #include "idempotency.h"
+#include "stats.h"
 
 PG_FUNCTION_INFO_V1(idem_stats_read);
 PG_FUNCTION_INFO_V1(idem_stats_reset);

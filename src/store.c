@@ -16,9 +16,13 @@
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 
+#include "direct_read.h"
 #include "idempotency.h"
+#include "record.h"
 #include "statements.h"
+#include "store.h"
 #include "store_attach.h"
+#include "validate.h"
 
 static Datum
 interval_datum(int64 us)

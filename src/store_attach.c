@@ -33,9 +33,13 @@
 #include "utils/rls.h"
 #include "utils/syscache.h"
 
+#include "citus.h"
+#include "direct_read.h"
 #include "idempotency.h"
+#include "shard_route.h"
 #include "statements.h"
 #include "store_attach.h"
+#include "table_shape.h"
 
 /*
  * Backend-local cache: where the table is, and the plans that use it.

@@ -1,23 +1,41 @@
 /*
  * store_attach.h
- *		Running the statement catalogue on the attached records table
- *		(store_attach.c), for the files that hold its statements: store.c
- *		(one key) and store_sweep.c (sweeps); and the start of one of our
- *		statements, for the executor hook (hooks.c).
+ *		Attaching the records table, and running the statement catalogue on
+ *		it (store_attach.c).
  */
 #ifndef IDEM_STORE_ATTACH_H
 #define IDEM_STORE_ATTACH_H
 
-#include "postgres.h"
-
 #include "executor/execdesc.h"
+#include "fmgr.h"
 
+#include "idempotency.h"
 #include "statements.h"
 
+/* a call: attach the table and connect to SPI, then end */
+extern void idem_store_begin(FunctionCallInfo fcinfo);
+extern void idem_store_begin_in_schema(Oid nsp);
+extern void idem_store_check_tenant(FunctionCallInfo fcinfo, const text *tenant);
+extern void idem_store_end(void);
+extern void idem_store_call_aborted(void);
+
+/* the attached table */
+extern Oid	idem_store_table(void);
+extern Oid	idem_store_schema(void);
+extern Oid	idem_store_token_sequence(void);
+extern bool idem_store_table_as_made(void);
+extern bool idem_store_has_checkpoints(void);
+extern bool idem_store_distributed(void);
+
+/* what the call's statements do: where sweeps go, how writes are stamped */
+extern void idem_store_direct_sweeps_to(Oid shard);
+extern void idem_store_stamp_writes(CommandId cid);
+
+/* running a statement (store.c, store_sweep.c) */
 extern uint64 idem_store_run(IdemQuery q, Datum *values, const char *nulls,
 							 bool read_only, long tcount);
 
-/* set while one of our statements is being planned and started */
+/* set while one of our statements is being planned and started (hooks.c) */
 extern PGDLLIMPORT bool idem_store_statement_starting;
 extern bool idem_store_take_statement_start(void);
 extern void idem_store_statement_started(QueryDesc *queryDesc);

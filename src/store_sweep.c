@@ -15,9 +15,12 @@
 #include "utils/datetime.h"
 #include "utils/jsonb.h"
 
+#include "citus.h"
 #include "idempotency.h"
+#include "record.h"
 #include "statements.h"
 #include "store_attach.h"
+#include "store_sweep.h"
 
 /*
  * Count the stale claims among the n rows a sweep statement returned

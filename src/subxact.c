@@ -16,6 +16,7 @@
 #include "utils/resowner.h"
 
 #include "idempotency.h"
+#include "subxact.h"
 
 /*
  * Run step(arg) in a subtransaction.  Returns true when it finished (its

@@ -18,7 +18,13 @@
 #include "storage/lock.h"
 #include "utils/timestamp.h"
 
+#include "guc.h"
+#include "held.h"
 #include "idempotency.h"
+#include "stats.h"
+#include "store_attach.h"
+#include "store_sweep.h"
+#include "sweep.h"
 
 PG_FUNCTION_INFO_V1(idem_sweep);
 

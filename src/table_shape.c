@@ -38,6 +38,7 @@
 #include "utils/syscache.h"
 
 #include "idempotency.h"
+#include "table_shape.h"
 
 typedef struct ExpectedColumn
 {

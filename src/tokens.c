@@ -59,6 +59,7 @@
 #include "utils/timestamp.h"
 
 #include "idempotency.h"
+#include "tokens.h"
 
 /* How far ahead of the last token the durable mark is moved: 10 s. */
 #define IDEM_TOKEN_MARGIN	((int64) 10 * USECS_PER_SEC)

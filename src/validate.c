@@ -12,7 +12,9 @@
 #include "common/int.h"
 #include "utils/jsonb.h"
 
+#include "guc.h"
 #include "idempotency.h"
+#include "validate.h"
 
 /*
  * A tenant_id, key or fingerprint argument: NULL is refused when required

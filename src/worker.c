@@ -62,7 +62,14 @@
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 
+#include "citus.h"
+#include "guc.h"
 #include "idempotency.h"
+#include "stats.h"
+#include "store_attach.h"
+#include "sweep.h"
+#include "table_shape.h"
+#include "worker.h"
 
 #define IDEM_LIBRARY_NAME		"idempotency"
 #define IDEM_EXTENSION_NAME		"idempotency"

@@ -6,7 +6,10 @@ layers are written down; docs/design.md draws the same map).  A file may
 call only files of a lower layer: an undefined symbol of X.o that another
 object defines is a call from X to that file.  The check fails on a call to
 a file of the same or a higher layer and on any cycle, and names the
-symbols.  Hooks PostgreSQL calls back (executor, utility, planner,
+symbols.  The includes show the same: each file's functions are declared
+in its own header (src/Y.h for src/Y.c), so a file that calls Y must
+include Y.h, and a file or header may include only headers of lower layers
+(and the shared ones: idempotency.h, compat.h, citus_compat.h).  Hooks PostgreSQL calls back (executor, utility, planner,
 transaction callbacks) are entry points: the files that install them sit
 where their callers put them.
 
@@ -16,6 +19,7 @@ where their callers put them.
 """
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +33,7 @@ import tempfile
 # catalogue, key locks, tokens, table shape, statistics, argument checks,
 # settings, subtransactions, record values.
 LAYERS = {
-    "idempotency": 8,
+    "module": 8,
     "hooks": 7, "claim_many": 7, "worker": 7,
     "claim": 6, "settle": 6, "lookup": 6, "sweep": 6, "child_key": 6,
     "held": 5,
@@ -96,9 +100,41 @@ def cycles(names, edges):
     return found
 
 
+# headers every layer may include: not any one file's functions
+SHARED_HEADERS = {"idempotency", "compat", "citus_compat"}
+
+
+def includes(path):
+    """The src/ headers that path includes, by module name."""
+    with open(path) as f:
+        return re.findall(r'^#include "(\w+)\.h"', f.read(), flags=re.M)
+
+
+def include_problems(src, edges):
+    found = []
+    headers = {os.path.basename(h)[:-2] for h in glob.glob(os.path.join(src, "*.h"))}
+    for path in sorted(glob.glob(os.path.join(src, "*.[ch]"))):
+        name, kind = os.path.basename(path)[:-2], path[-1]
+        if name not in LAYERS or (kind == "h" and name in SHARED_HEADERS):
+            continue
+        for h in includes(path):
+            if h == name or h in SHARED_HEADERS or h not in LAYERS:
+                continue
+            if LAYERS[h] >= LAYERS[name]:
+                found.append(f"include not downward: src/{name}.{kind} (layer {LAYERS[name]}) "
+                             f"includes src/{h}.h (layer {LAYERS[h]})")
+    for (a, b), syms in sorted(edges.items()):
+        path = os.path.join(src, a + ".c")
+        if b in headers and b not in SHARED_HEADERS and os.path.exists(path) and \
+                b not in includes(path):
+            found.append(f"call without include: src/{a}.c calls src/{b}.c "
+                         f"({', '.join(sorted(set(syms)))}) but does not include src/{b}.h")
+    return found
+
+
 def problems(src):
     names, edges = call_graph(src)
-    found = []
+    found = include_problems(src, edges)
     for n in names:
         if n not in LAYERS:
             found.append(f"src/{n}.c has no layer: give it one in test/layers/check.py and docs/design.md")
@@ -119,13 +155,16 @@ def check(src):
     for p in found:
         print("FAIL", p)
     if not found:
-        print(f"ok   {len(names)} files, {len(edges)} calls between them, all downward, no cycle")
+        print(f"ok   {len(names)} files, {len(edges)} calls between them, all downward, no cycle;"
+              " each call's header included, every include downward")
     return not found
 
 
 PLANTS = {
-    "upward call": {"guc.c": "\nextern void idem_planted_up(void);\nvoid idem_planted_up(void)\n"
+    "upward call": {"guc.c": "\n#include \"claim.h\"\nextern void idem_planted_up(void);\n"
+                             "void idem_planted_up(void)\n"
                              "{\n\tidem_claim_one(NULL, NULL, NULL);\n}\n"},
+    "upward include": {"guc.c": "\n#include \"held.h\"\n"},
     "cycle": {"record.c": "\nextern void idem_planted_a(void);\nextern void idem_planted_b(void);\n"
                           "void idem_planted_a(void)\n{\n\tidem_planted_b();\n}\n",
               "subxact.c": "\nextern void idem_planted_a(void);\nextern void idem_planted_b(void);\n"
@@ -153,7 +192,8 @@ def self_test(repo):
                 ok = False
                 continue
             _, _, found = problems(os.path.join(scratch, "src"))
-            expect = "cycle:" if what == "cycle" else "call not downward:"
+            expect = {"cycle": "cycle:", "upward include": "include not downward:"}.get(
+                what, "call not downward:")
             if any(p.startswith(expect) for p in found):
                 print(f"ok   self-test: a planted {what} is reported")
             else:
