@@ -234,6 +234,43 @@ lock_records_table(Oid nsp)
 	return table;
 }
 
+/* There is no records table in schema nsp: the error says why. */
+static void
+report_no_table(Oid nsp)
+{
+	char	   *nspname = get_namespace_name(nsp);
+
+	/* the extension's schema was dropped since the function was found */
+	if (nspname == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_SCHEMA),
+				 errmsg("schema with OID %u does not exist", nsp)));
+	ereport(ERROR,
+			(errcode(ERRCODE_UNDEFINED_TABLE),
+			 errmsg("table idempotency_records does not exist in schema \"%s\"",
+					nspname),
+			 errhint("Drop and create the idempotency extension again.")));
+}
+
+/*
+ * The setting the extension's own tenant isolation of table reads, kept
+ * for the backend (NULL: none; not looked for on a Citus table).
+ */
+static void
+read_isolation_setting(Oid table)
+{
+	if (isolation_setting != NULL)
+		pfree(isolation_setting);
+	isolation_setting = NULL;
+	if (!table_distributed)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		isolation_setting = idem_table_isolation_setting(table);
+		MemoryContextSwitchTo(old);
+	}
+}
+
 /*
  * Point the cache at the records table in schema nsp.
  */
@@ -256,20 +293,7 @@ store_attach(Oid nsp)
 
 	table = lock_records_table(nsp);
 	if (!OidIsValid(table))
-	{
-		char	   *nspname = get_namespace_name(nsp);
-
-		/* the extension's schema was dropped since the function was found */
-		if (nspname == NULL)
-			ereport(ERROR,
-					(errcode(ERRCODE_UNDEFINED_SCHEMA),
-					 errmsg("schema with OID %u does not exist", nsp)));
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_TABLE),
-				 errmsg("table idempotency_records does not exist in schema \"%s\"",
-						nspname),
-				 errhint("Drop and create the idempotency extension again.")));
-	}
+		report_no_table(nsp);
 
 	key_index = idem_check_table_shape(table, &checkpoints);
 	distributed = idem_citus_manages_table(table);
@@ -281,16 +305,7 @@ store_attach(Oid nsp)
 	has_checkpoints = checkpoints;
 	table_distributed = distributed;
 	table_as_made = idem_table_is_as_made(table);
-	if (isolation_setting != NULL)
-		pfree(isolation_setting);
-	isolation_setting = NULL;
-	if (!table_distributed)
-	{
-		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
-
-		isolation_setting = idem_table_isolation_setting(table);
-		MemoryContextSwitchTo(old);
-	}
+	read_isolation_setting(table);
 	idem_direct_read_attach(table, key_index, table_distributed,
 							isolation_setting);
 	cached_schema = nsp;
