@@ -13,6 +13,11 @@ and a claim without the setting, or naming another tenant, is refused with
 the checks can tell the two apart).
 
 The setting is 'app.tenant', as README.md and docs/integrations.md use it.
+
+With IDEM_EDITION=sql the suite runs against the SQL edition (sql-edition/,
+installed into public by the suite): the role also gets docs/managed.md's
+"Grants" line for the application role, and its functions are the idem_*
+functions of public instead of the extension's members.
 """
 import os
 import re
@@ -27,6 +32,7 @@ PASSES = (None, SETTING)          # tenant isolation off, then on
 REFUSED = ("55000", "42501")
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 ROOT = os.getcwd()
+EDITION = os.environ.get("IDEM_EDITION", "c")
 
 
 def describe(setting):
@@ -41,7 +47,14 @@ def documented_app_grants(role):
     grants, problems = documented_grants(ROOT)
     if problems or not grants["app"]:
         raise RuntimeError(f"docs/privileges.md: {problems or 'no GRANT line for app'}")
-    return [re.sub(r"\sTO\s+app\s*;$", f" TO {role};", line) for line in grants["app"]]
+    lines = grants["app"]
+    if EDITION == "sql":
+        with open(os.path.join(ROOT, "docs/managed.md")) as f:
+            helpers = [line.strip() for line in f if re.match(r"GRANT EXECUTE ON FUNCTION idem_sql_\w+\(.*\sTO app;$", line)]
+        if not helpers:
+            raise RuntimeError("docs/managed.md: no GRANT line of the SQL edition's helpers for app")
+        lines = lines + helpers
+    return [re.sub(r"\sTO\s+app\s*;$", f" TO {role};", line) for line in lines]
 
 
 def prepare(admin, role, setting):
@@ -65,13 +78,17 @@ def check_role(check, admin, role, setting):
     lines = documented_app_grants(role)
     with admin.cursor() as cur:
         wanted_functions = set()
-        for signature in re.findall(r"\b(idem_\w+\([^)]*\))", next(g for g in lines if "EXECUTE" in g)):
-            cur.execute("SELECT to_regprocedure(%s)::oid", (signature,))
-            wanted_functions.add(cur.fetchone()[0])
-        cur.execute("""SELECT p.oid, p.oid::regprocedure::text,
-                              has_function_privilege(%s, p.oid, 'EXECUTE'),
-                              has_function_privilege('public', p.oid, 'EXECUTE')
-                         FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
+        for line in (g for g in lines if "EXECUTE" in g):
+            for signature in re.findall(r"\b(idem_\w+\([^)]*\))", line):
+                cur.execute("SELECT to_regprocedure(%s)::oid", (signature,))
+                wanted_functions.add(cur.fetchone()[0])
+        members = ("SELECT p.oid, p.oid::regprocedure::text, has_function_privilege(%s, p.oid, 'EXECUTE'),"
+                   " has_function_privilege('public', p.oid, 'EXECUTE') FROM pg_proc p ")
+        if EDITION == "sql":
+            cur.execute(members + "WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\\_%%'",
+                        (role,))
+        else:
+            cur.execute(members + """JOIN pg_depend d ON p.oid = d.objid
                          JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
                         WHERE d.classid = 'pg_proc'::regclass AND d.deptype = 'e'""", (role,))
         functions = cur.fetchall()
