@@ -133,8 +133,9 @@ def problems(pg_config_bin="pg_config", header=HEADER):
                         % (name, symbol), ""))
         # PGXS hides a module's symbols from PostgreSQL 16 on; 15 exports them
         results.append((symbol in exported or major >= 16,
-                        "%s is %s by %s" % (symbol, "exported" if symbol in exported else
-                                            "hidden (PostgreSQL %d builds hide it)" % major, lib),
+                        ("%s is exported by %s" % (symbol, lib)) if symbol in exported else
+                        ("%s is hidden in %s, as builds for PostgreSQL %d hide it"
+                         % (symbol, lib, major)),
                         "PostgreSQL %d builds export it, and shard_route.c expects it" % major))
     return results
 
