@@ -630,6 +630,86 @@ log_caught_error(ErrorData *edata)
 }
 
 /*
+ * Take this database's sweep lock for a pass, a session lock that must
+ * outlive the batch transactions.  False when there is nothing to do here:
+ * the extension is not installed, or another sweep is running.  *datname:
+ * the database's name, in cxt.
+ */
+static bool
+begin_pass(MemoryContext cxt, char **datname)
+{
+	bool		installed;
+	bool		locked = false;
+
+	StartTransactionCommand();
+	*datname = MemoryContextStrdup(cxt, get_database_name(MyDatabaseId));
+	installed = OidIsValid(extension_schema());
+	if (installed)
+		locked = idem_sweep_lock(true, false);
+	CommitTransactionCommand();
+
+	if (installed && !locked)
+		elog(DEBUG1, "idempotency sweeper skips database \"%s\": another sweep is running there",
+			 *datname);
+	return installed && locked;
+}
+
+/*
+ * The batches of one pass over every target (the table, or each of its
+ * shards on this node), each batch in a transaction of its own, until a
+ * target's batch comes back not full.  Returns the last batch's result.
+ */
+static BatchResult
+sweep_targets(MemoryContext worker_context, IdemSweepCounts *counts)
+{
+	int			batchno = 0;
+	BatchResult result = BATCH_LAST;
+	IdemSweepCursor cursor;
+	ListCell   *lc;
+
+	foreach(lc, list_sweep_targets(worker_context))
+	{
+		idem_sweep_cursor_init(&cursor, false);
+		do
+		{
+			CHECK_FOR_INTERRUPTS();
+			reload_config_if_asked();
+			if (idem_sweep_interval_ms == 0)
+				break;			/* switched off in the middle of a pass */
+			result = sweep_one_batch(lfirst(lc), &cursor, counts, ++batchno);
+		} while (result == BATCH_FULL);
+		if (result != BATCH_LAST)
+			break;
+	}
+	return result;
+}
+
+/*
+ * A pass ended in error edata: is it a sweep failure, to be recorded with
+ * its message (*error)?  An error caused by DROP EXTENSION in mid-pass is
+ * not, nor is one caused by the table changing under the pass: the next
+ * round starts from the table as it is then.
+ */
+static bool
+failure_to_record(ErrorData *edata, MemoryContext worker_context,
+				  const char *datname, char **error)
+{
+	if (!extension_still_installed())
+		return false;
+	if (table_changed_under_pass(worker_context))
+	{
+		ereport(NOTICE,
+				(errmsg("idempotency sweeper: idempotency_records of database \"%s\" changed during the sweep; it is swept again next round",
+						datname),
+				 errdetail_internal("%s", edata->message)));
+		return false;
+	}
+	log_caught_error(edata);
+	*error = edata->message;
+	return true;
+}
+
+/*
  * Sweep the database this worker is connected to, one pass.
  */
 static void
@@ -638,34 +718,14 @@ sweep_this_database(void)
 	MemoryContext worker_context = CurrentMemoryContext;
 	ErrorContextCallback errcallback;
 	IdemSweepCounts counts = {0};
-	IdemSweepCursor cursor;
 	TimestampTz started;
 	char	   *datname;
 	char	   *volatile error = NULL;
 	ErrorData  *volatile edata = NULL;
-	bool		installed;
-	bool		locked = false;
 	volatile bool record = true;
 
-	if (RecoveryInProgress())
+	if (RecoveryInProgress() || !begin_pass(worker_context, &datname))
 		return;
-
-	StartTransactionCommand();
-	datname = MemoryContextStrdup(worker_context, get_database_name(MyDatabaseId));
-	installed = OidIsValid(extension_schema());
-	/* a session lock: it must outlive the batch transactions */
-	if (installed)
-		locked = idem_sweep_lock(true, false);
-	CommitTransactionCommand();
-
-	if (!installed)
-		return;
-	if (!locked)
-	{
-		elog(DEBUG1, "idempotency sweeper skips database \"%s\": another sweep is running there",
-			 datname);
-		return;
-	}
 
 	errcallback.callback = sweep_error_context;
 	errcallback.arg = datname;
@@ -676,24 +736,7 @@ sweep_this_database(void)
 
 	PG_TRY();
 	{
-		int			batchno = 0;
-		BatchResult result = BATCH_LAST;
-		ListCell   *lc;
-
-		foreach(lc, list_sweep_targets(worker_context))
-		{
-			idem_sweep_cursor_init(&cursor, false);
-			do
-			{
-				CHECK_FOR_INTERRUPTS();
-				reload_config_if_asked();
-				if (idem_sweep_interval_ms == 0)
-					break;		/* switched off in the middle of a pass */
-				result = sweep_one_batch(lfirst(lc), &cursor, &counts, ++batchno);
-			} while (result == BATCH_FULL);
-			if (result != BATCH_LAST)
-				break;
-		}
+		BatchResult result = sweep_targets(worker_context, &counts);
 
 		if (result == BATCH_EXTENSION_GONE)
 			record = false;
@@ -714,25 +757,12 @@ sweep_this_database(void)
 
 	error_context_stack = errcallback.previous;
 
-	/*
-	 * An error caused by DROP EXTENSION in mid-pass is no sweep failure, nor
-	 * is one caused by the table changing under the pass: the next round
-	 * starts from the table as it is then.
-	 */
-	if (edata != NULL && !extension_still_installed())
-		record = false;
-	else if (edata != NULL && table_changed_under_pass(worker_context))
+	if (edata != NULL)
 	{
-		ereport(NOTICE,
-				(errmsg("idempotency sweeper: idempotency_records of database \"%s\" changed during the sweep; it is swept again next round",
-						datname),
-				 errdetail_internal("%s", edata->message)));
-		record = false;
-	}
-	else if (edata != NULL)
-	{
-		log_caught_error(edata);
-		error = edata->message;
+		char	   *message = NULL;
+
+		record = failure_to_record(edata, worker_context, datname, &message);
+		error = message;
 	}
 
 	idem_sweep_unlock(true);
