@@ -11,7 +11,8 @@ OBJS       = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c)))
 # Install scripts: idempotency--1.0.sql exactly as 1.0 shipped (never edit
 # it) and one update script per later version.  There is no full script for
 # the current version: CREATE EXTENSION installs 1.0 and runs the updates.
-DATA = $(EXTENSION)--1.0.sql $(EXTENSION)--1.0--1.1.sql $(EXTENSION)--1.1--1.2.sql
+DATA = $(EXTENSION)--1.0.sql $(EXTENSION)--1.0--1.1.sql $(EXTENSION)--1.1--1.2.sql \
+       $(EXTENSION)--1.2--1.3.sql
 
 PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 

@@ -427,7 +427,11 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 	int			conflicts = 0;
 
 	if (claim_begin(&st, k, args, res))
+	{
+		/* our own held claim: in progress or mismatch, a conflict */
+		idem_stats_count_tenant_conflict(k->tenant_id);
 		return;
+	}
 	for (;;)
 	{
 		ClaimNext	next;
@@ -451,6 +455,9 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 		st.now = GetCurrentTimestamp();
 	}
 	claim_end(&st);
+	/* per tenant, the answers that tell of a conflict (stats.c) */
+	if (res->outcome == IDEM_OUTCOME_IN_PROGRESS || res->outcome == IDEM_OUTCOME_MISMATCH)
+		idem_stats_count_tenant_conflict(k->tenant_id);
 }
 
 /*

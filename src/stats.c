@@ -11,6 +11,18 @@
  * only its own database's row unless it has the privileges of
  * pg_read_all_stats, as with pg_stat_activity: database names and activity
  * of other databases are not everyone's business.
+ *
+ * Conflicts by tenant (idem_metrics_tenants, metrics.c): a fixed table of
+ * IDEM_TENANT_SLOTS entries shared by the server's databases, kept by the
+ * Space-Saving rule (Metwally, Agrawal, El Abbadi, 2005): a tenant not in
+ * a full table takes the place of the entry of least weight and inherits
+ * that weight plus one, so that every tenant with more than 1/128 of the
+ * conflicts counted since the start or reset is sure to be in the table.
+ * conflicts_total is exact since the tenant entered the table (its weight,
+ * which may include its predecessor's, only orders and evicts).  A
+ * conflict answer takes the table's lock shared and adds to two atomics;
+ * only a tenant not yet in the table takes it exclusive.  A claimed or
+ * replayed answer never reaches this table.
  */
 #include "postgres.h"
 
@@ -25,6 +37,7 @@
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "utils/acl.h"
+#include "common/hashfn.h"
 #include "utils/builtins.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
@@ -50,17 +63,33 @@ typedef struct IdemDatabaseStats
 	double		last_sweep_ms;
 	uint64		last_sweep_removed;
 	uint64		sweeps;
+	uint64		sweep_errors;	/* passes that ended in an error */
 	char		last_sweep_error[IDEM_STATS_ERROR_LEN];
 } IdemDatabaseStats;
+
+/* One tenant's conflicts; key 0: a free entry. */
+typedef struct IdemTenantEntry
+{
+	pg_atomic_uint64 key;		/* hash of (database, tenant), never 0 */
+	pg_atomic_uint64 conflicts; /* exact, since the tenant took the entry */
+	pg_atomic_uint64 weight;	/* conflicts + the weight inherited */
+	Oid			dboid;
+	char		tenant[IDEM_MAX_IDENTIFIER_BYTES + 1];
+} IdemTenantEntry;
 
 typedef struct IdemSharedStats
 {
 	LWLock	   *lock;			/* slot assignment and last-sweep fields */
+	LWLock	   *tenant_lock;	/* the tenant table: shared to count,
+								 * exclusive to add or evict a tenant */
 	IdemDatabaseStats dbs[IDEM_STATS_MAX_DATABASES];
+	IdemTenantEntry tenants[IDEM_TENANT_SLOTS];
 } IdemSharedStats;
 
 static IdemSharedStats *shared = NULL;
 static IdemDatabaseStats *my_slot = NULL;
+
+static void require_shared(void);
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
@@ -71,7 +100,7 @@ stats_shmem_request(void)
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
 	RequestAddinShmemSpace(MAXALIGN(sizeof(IdemSharedStats)));
-	RequestNamedLWLockTranche("idempotency", 1);
+	RequestNamedLWLockTranche("idempotency", 2);
 }
 
 static void
@@ -87,10 +116,17 @@ stats_shmem_startup(void)
 	if (!found)
 	{
 		memset(shared, 0, sizeof(IdemSharedStats));
-		shared->lock = &(GetNamedLWLockTranche("idempotency"))->lock;
+		shared->lock = &(GetNamedLWLockTranche("idempotency"))[0].lock;
+		shared->tenant_lock = &(GetNamedLWLockTranche("idempotency"))[1].lock;
 		for (int i = 0; i < IDEM_STATS_MAX_DATABASES; i++)
 			for (int c = 0; c < IDEM_NUM_COUNTERS; c++)
 				pg_atomic_init_u64(&shared->dbs[i].counters[c], 0);
+		for (int i = 0; i < IDEM_TENANT_SLOTS; i++)
+		{
+			pg_atomic_init_u64(&shared->tenants[i].key, 0);
+			pg_atomic_init_u64(&shared->tenants[i].conflicts, 0);
+			pg_atomic_init_u64(&shared->tenants[i].weight, 0);
+		}
 	}
 	LWLockRelease(AddinShmemInitLock);
 }
@@ -107,6 +143,25 @@ idem_stats_request_shmem(void)
 	shmem_startup_hook = stats_shmem_startup;
 }
 
+/* Forget the tenants of a database (reset, or its slot taken anew). */
+static void
+forget_tenants(Oid dboid)
+{
+	LWLockAcquire(shared->tenant_lock, LW_EXCLUSIVE);
+	for (int i = 0; i < IDEM_TENANT_SLOTS; i++)
+	{
+		IdemTenantEntry *e = &shared->tenants[i];
+
+		if (e->dboid == dboid && pg_atomic_read_u64(&e->key) != 0)
+		{
+			pg_atomic_write_u64(&e->key, 0);
+			pg_atomic_write_u64(&e->conflicts, 0);
+			pg_atomic_write_u64(&e->weight, 0);
+		}
+	}
+	LWLockRelease(shared->tenant_lock);
+}
+
 /* Zero the counters of a slot; the caller holds the lock (or owns the slot). */
 static void
 reset_slot(IdemDatabaseStats *slot)
@@ -114,6 +169,7 @@ reset_slot(IdemDatabaseStats *slot)
 	for (int c = 0; c < IDEM_NUM_COUNTERS; c++)
 		pg_atomic_write_u64(&slot->counters[c], 0);
 	slot->sweeps = 0;
+	slot->sweep_errors = 0;
 	slot->stats_reset = GetCurrentTimestamp();
 }
 
@@ -145,6 +201,9 @@ reclaim_dropped_database_slots(void)
 		if (gone[i] && shared->dbs[i].dboid == dboids[i])
 			shared->dbs[i].dboid = InvalidOid;
 	LWLockRelease(shared->lock);
+	for (int i = 0; i < IDEM_STATS_MAX_DATABASES; i++)
+		if (gone[i])
+			forget_tenants(dboids[i]);
 }
 
 /*
@@ -167,6 +226,7 @@ database_slot(void)
 	for (int attempt = 0; attempt < 2 && my_slot == NULL; attempt++)
 	{
 		IdemDatabaseStats *free_slot = NULL;
+		bool		taken = false;
 
 		if (attempt > 0)
 			reclaim_dropped_database_slots();
@@ -192,8 +252,11 @@ database_slot(void)
 			free_slot->last_sweep_at = 0;
 			free_slot->last_sweep_error[0] = '\0';
 			my_slot = free_slot;
+			taken = true;
 		}
 		LWLockRelease(shared->lock);
+		if (taken)
+			forget_tenants(MyDatabaseId);
 	}
 
 	no_slot_since = my_slot == NULL ? GetCurrentTimestamp() : 0;
@@ -233,6 +296,136 @@ idem_stats_count_claim(const IdemClaimResult *res)
 		pg_atomic_fetch_add_u64(&slot->counters[IDEM_STAT_SWEPT_STALE], 1);
 }
 
+/* The entry of a tenant's key, or -1; the caller holds tenant_lock. */
+static int
+find_tenant(uint64 key, Oid dboid, const char *tenant, int len)
+{
+	for (int i = 0; i < IDEM_TENANT_SLOTS; i++)
+	{
+		IdemTenantEntry *e = &shared->tenants[i];
+
+		if (pg_atomic_read_u64(&e->key) == key && e->dboid == dboid &&
+			strncmp(e->tenant, tenant, len) == 0 && e->tenant[len] == '\0')
+			return i;
+	}
+	return -1;
+}
+
+/*
+ * Count one conflict answer (in progress or mismatch) for a tenant of this
+ * database.  Called by idem_claim_one (claim.c) for those answers only.
+ */
+void
+idem_stats_count_tenant_conflict(const text *tenant_id)
+{
+	const char *tenant = VARDATA_ANY(tenant_id);
+	int			len = Min(VARSIZE_ANY_EXHDR(tenant_id), IDEM_MAX_IDENTIFIER_BYTES);
+	uint64		key;
+	int			i;
+
+	if (database_slot() == NULL)
+		return;
+	key = hash_bytes_extended((const unsigned char *) tenant, len, MyDatabaseId) | 1;
+
+	LWLockAcquire(shared->tenant_lock, LW_SHARED);
+	i = find_tenant(key, MyDatabaseId, tenant, len);
+	if (i >= 0)
+	{
+		pg_atomic_fetch_add_u64(&shared->tenants[i].conflicts, 1);
+		pg_atomic_fetch_add_u64(&shared->tenants[i].weight, 1);
+	}
+	LWLockRelease(shared->tenant_lock);
+	if (i >= 0)
+		return;
+
+	/* a tenant not in the table: a free entry, or the lightest one's */
+	LWLockAcquire(shared->tenant_lock, LW_EXCLUSIVE);
+	i = find_tenant(key, MyDatabaseId, tenant, len);
+	if (i >= 0)
+	{
+		pg_atomic_fetch_add_u64(&shared->tenants[i].conflicts, 1);
+		pg_atomic_fetch_add_u64(&shared->tenants[i].weight, 1);
+	}
+	else
+	{
+		uint64		least = PG_UINT64_MAX;
+		IdemTenantEntry *e;
+
+		for (int j = 0; j < IDEM_TENANT_SLOTS && least > 0; j++)
+		{
+			uint64		w = pg_atomic_read_u64(&shared->tenants[j].key) == 0 ? 0 :
+				pg_atomic_read_u64(&shared->tenants[j].weight);
+
+			if (w < least)
+			{
+				least = w;
+				i = j;
+			}
+		}
+		e = &shared->tenants[i];
+		pg_atomic_write_u64(&e->key, key);
+		pg_atomic_write_u64(&e->conflicts, 1);
+		pg_atomic_write_u64(&e->weight, least + 1);
+		e->dboid = MyDatabaseId;
+		memcpy(e->tenant, tenant, len);
+		e->tenant[len] = '\0';
+	}
+	LWLockRelease(shared->tenant_lock);
+}
+
+/*
+ * This database's tenants in the conflict table, heaviest first: at most
+ * IDEM_TENANT_SLOTS; returns how many were filled in.
+ */
+int
+idem_stats_tenant_conflicts(IdemTenantConflicts *out)
+{
+	int			n = 0;
+
+	require_shared();
+	LWLockAcquire(shared->tenant_lock, LW_SHARED);
+	for (int i = 0; i < IDEM_TENANT_SLOTS; i++)
+	{
+		IdemTenantEntry *e = &shared->tenants[i];
+
+		if (pg_atomic_read_u64(&e->key) == 0 || e->dboid != MyDatabaseId)
+			continue;
+		strlcpy(out[n].tenant, e->tenant, sizeof(out[n].tenant));
+		out[n].conflicts = pg_atomic_read_u64(&e->conflicts);
+		out[n].weight = pg_atomic_read_u64(&e->weight);
+		n++;
+	}
+	LWLockRelease(shared->tenant_lock);
+	return n;
+}
+
+/*
+ * This database's counters and last sweep, for idem_metrics (metrics.c);
+ * false when nothing was counted in it yet.
+ */
+bool
+idem_stats_snapshot(IdemStatsSnapshot *snap)
+{
+	IdemDatabaseStats *slot;
+
+	require_shared();
+	memset(snap, 0, sizeof(*snap));
+	slot = database_slot();
+	if (slot == NULL)
+		return false;
+	for (int c = 0; c < IDEM_NUM_COUNTERS; c++)
+		snap->counters[c] = pg_atomic_read_u64(&slot->counters[c]);
+	LWLockAcquire(shared->lock, LW_SHARED);
+	snap->stats_reset = slot->stats_reset;
+	snap->last_sweep_at = slot->last_sweep_at;
+	snap->last_sweep_ms = slot->last_sweep_ms;
+	snap->last_sweep_removed = slot->last_sweep_removed;
+	snap->sweeps = slot->sweeps;
+	snap->sweep_errors = slot->sweep_errors;
+	LWLockRelease(shared->lock);
+	return true;
+}
+
 /*
  * Record the end of a sweep pass over this database (error NULL when it
  * succeeded).
@@ -250,6 +443,8 @@ idem_stats_sweep_finished(TimestampTz started, TimestampTz finished,
 	slot->last_sweep_ms = (double) (finished - started) / 1000.0;
 	slot->last_sweep_removed = counts->expired_removed + counts->stale_released;
 	slot->sweeps++;
+	if (error != NULL)
+		slot->sweep_errors++;
 	strlcpy(slot->last_sweep_error, error ? error : "", IDEM_STATS_ERROR_LEN);
 	LWLockRelease(shared->lock);
 }
@@ -337,6 +532,7 @@ idem_stats_reset(PG_FUNCTION_ARGS)
 		LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 		reset_slot(slot);
 		LWLockRelease(shared->lock);
+		forget_tenants(MyDatabaseId);
 	}
 	PG_RETURN_VOID();
 }

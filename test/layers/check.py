@@ -35,7 +35,7 @@ import tempfile
 LAYERS = {
     "module": 8,
     "hooks": 7, "claim_many": 7, "worker": 7,
-    "claim": 6, "settle": 6, "lookup": 6, "sweep": 6, "child_key": 6,
+    "claim": 6, "settle": 6, "lookup": 6, "sweep": 6, "child_key": 6, "metrics": 6,
     "held": 5,
     "store": 4, "store_sweep": 4,
     "store_attach": 3,
