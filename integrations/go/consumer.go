@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // The outcomes of Run that are not a result; tell them apart with errors.Is
@@ -56,6 +58,8 @@ type RunOptions struct {
 	// TenantSetting and BeforeClaim as in Config.
 	TenantSetting string
 	BeforeClaim   func(ctx context.Context, tx *sql.Tx, tenant string) error
+	// Tracer as in Config: a span for idem_claim and one for idem_complete.
+	Tracer trace.Tracer
 	// OptionalKey: an empty key runs fn without a claim, in a transaction of
 	// its own, storing nothing.  Default false: an empty key is ErrInvalidKey.
 	OptionalKey bool
@@ -97,11 +101,13 @@ func Run(ctx context.Context, db *sql.DB, tenant, key string, fn func(tx *sql.Tx
 			return err
 		}
 		var token sql.NullInt64
-		err := tx.QueryRowContext(ctx,
+		spanCtx, span := startCall(ctx, o.Tracer, "idem_claim")
+		err := tx.QueryRowContext(spanCtx,
 			`SELECT outcome, token, response::text, `+retryAfter+`
 			   FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
 			tenant, key, nullable(o.Fingerprint), nullable(o.Lease), nullable(o.TTL), nullable(o.Wait),
 		).Scan(&outcome, &token, &response, &retry)
+		endCall(span, outcome, err)
 		if err != nil || outcome != "claimed" {
 			return err
 		}
@@ -113,9 +119,12 @@ func Run(ctx context.Context, db *sql.DB, tenant, key string, fn func(tx *sql.Tx
 			out = json.RawMessage("null")
 		}
 		// store it and read back what was stored: the same bytes on every delivery
-		return tx.QueryRowContext(ctx,
+		spanCtx, span = startCall(ctx, o.Tracer, "idem_complete")
+		err = tx.QueryRowContext(spanCtx,
 			`SELECT d.r::text FROM (SELECT $4::jsonb) AS d(r), idem_complete($1, $2, $3, response => d.r)`,
 			tenant, key, token.Int64, string(out)).Scan(&response)
+		endCall(span, "", err)
+		return err
 	})
 	if err != nil {
 		return nil, false, err

@@ -26,8 +26,11 @@
 // prints it, read back by the statement that stores it, for the first
 // answer as for every replay.
 //
-// The package uses database/sql only; any PostgreSQL driver works (the
-// tests and the example use pgx's github.com/jackc/pgx/v4/stdlib).
+// The package uses database/sql, so any PostgreSQL driver works (the tests
+// and the example use pgx's github.com/jackc/pgx/v4/stdlib); EventKeys takes
+// Run's key and fingerprint from an event by JMESPath (go-jmespath); with
+// Config.Tracer or RunOptions.Tracer set, each call of the extension's
+// functions is an OpenTelemetry span (telemetry.go).
 package idempotency
 
 import (
@@ -46,6 +49,8 @@ import (
 	"regexp"
 	"runtime/debug"
 	"strings"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // MaxIdentifierBytes is the extension's limit on a tenant id and a key.
@@ -149,6 +154,12 @@ type Config struct {
 	MaxBodyBytes int64
 	// Logger receives the errors the client only sees as a 500 (default log.Default()).
 	Logger *log.Logger
+	// Tracer, when set, gets a client span for each call of the extension's
+	// functions (idem_claim, then idem_complete or idem_release), a child of
+	// the request context's span, with db.system.name, db.operation.name,
+	// and on idem_claim's idempotency.outcome and idempotency.replayed:
+	// otel.Tracer(TracerName).  Nil (default): no spans, no cost.
+	Tracer trace.Tracer
 	// TenantSetting, with tenant isolation on (idem_set_tenant_isolation(true,
 	// 'app.tenant')), is the setting its policy reads: the transaction runs
 	// set_config(TenantSetting, tenant, true) before the claim, so the claim,
@@ -282,12 +293,14 @@ func serve(cfg Config, next http.Handler, w http.ResponseWriter, r *http.Request
 	var token sql.NullInt64
 	var response, answer sql.NullString
 	var retry int
-	err = tx.QueryRowContext(ctx,
+	spanCtx, span := startCall(ctx, cfg.Tracer, "idem_claim")
+	err = tx.QueryRowContext(spanCtx,
 		`SELECT outcome, token, response::text, `+bodyText("response")+`, `+retryAfter+`
 		   FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
 		tenant, key, Fingerprint(r.Method, r.URL.RequestURI(), body), nullable(intervals.Lease), nullable(intervals.TTL),
 		nullable(intervals.Wait),
 	).Scan(&outcome, &token, &response, &answer, &retry)
+	endCall(span, outcome, err)
 	if err == nil && outcome != "claimed" {
 		err = tx.Commit()
 	}
@@ -325,14 +338,16 @@ func serve(cfg Config, next http.Handler, w http.ResponseWriter, r *http.Request
 	}
 	document, err := storedDocument(held, cfg.ReplayedHeaders)
 	if err == nil {
-		fn := "idem_complete($1, $2, $3, response => d.r)"
+		op, fn := "idem_complete", "idem_complete($1, $2, $3, response => d.r)"
 		if held.status >= 400 {
-			fn = "idem_release($1, $2, $3, failure => d.r)"
+			op, fn = "idem_release", "idem_release($1, $2, $3, failure => d.r)"
 		}
 		// store it, and read back what was stored: the answer is rendered from that
-		err = tx.QueryRowContext(ctx,
+		spanCtx, span := startCall(ctx, cfg.Tracer, op)
+		err = tx.QueryRowContext(spanCtx,
 			`SELECT d.r::text, `+bodyText("d.r")+` FROM (SELECT $4::jsonb) AS d(r), `+fn,
 			tenant, key, token.Int64, string(document)).Scan(&response, &answer)
+		endCall(span, "", err)
 	}
 	if err == nil {
 		err = tx.Commit()

@@ -2,7 +2,8 @@
 # Make vendor/ from Debian's Go packages, so `go build -mod=vendor` and
 # `go test -mod=vendor` need neither the module proxy nor the network:
 #
-#   apt-get install golang-go golang-github-jackc-pgx-v4-dev
+#   apt-get install golang-go golang-github-jackc-pgx-v4-dev \
+#       golang-github-jmespath-go-jmespath-dev golang-opentelemetry-otel-dev
 #   ./vendor-debian.sh && go test -mod=vendor ./...
 #
 # vendor-debian.sh DIR does the same for the module in DIR, a service of
@@ -12,7 +13,9 @@
 #
 # Debian's golang-*-dev packages put their sources under /usr/share/gocode/src
 # (GOCODE=... for another tree).  The packages the module imports from
-# outside the standard library (pgx's database/sql driver) are listed with
+# outside the standard library (pgx's database/sql driver, go-jmespath,
+# OpenTelemetry's trace API; for this module's own tests also the
+# OpenTelemetry SDK's in-memory exporter) are listed with
 # all their dependencies in GOPATH mode over that tree, copied without their
 # tests, and recorded in vendor/modules.txt under the module of go.mod that
 # provides each, as `go mod vendor` would write it.  vendor/ is never
@@ -22,12 +25,17 @@ here=$(cd "$(dirname "$0")" && pwd)
 self=$(sed -n 's/^module \([^ ]*\)$/\1/p' "$here/go.mod")
 cd "${1:-$here}"
 gocode=${GOCODE:-/usr/share/gocode/src}
-roots="github.com/jackc/pgx/v4/stdlib"
+roots="github.com/jackc/pgx/v4/stdlib github.com/jmespath/go-jmespath go.opentelemetry.io/otel/trace"
+[ $# -gt 0 ] || roots="$roots go.opentelemetry.io/otel/sdk/trace/tracetest"   # this module's tests
 
-[ -d "$gocode/github.com/jackc/pgx/v4" ] || {
-	echo "vendor-debian.sh: $gocode has no github.com/jackc/pgx/v4; install golang-github-jackc-pgx-v4-dev." >&2
-	exit 1
-}
+for need in github.com/jackc/pgx/v4:golang-github-jackc-pgx-v4-dev \
+	github.com/jmespath/go-jmespath:golang-github-jmespath-go-jmespath-dev \
+	go.opentelemetry.io/otel/trace:golang-opentelemetry-otel-dev; do
+	[ -d "$gocode/${need%%:*}" ] || {
+		echo "vendor-debian.sh: $gocode has no ${need%%:*}; install ${need#*:}." >&2
+		exit 1
+	}
+done
 packages=$(GO111MODULE=off GOPATH="${gocode%/src}" GOFLAGS= \
 	go list -deps -f '{{if not .Standard}}{{.ImportPath}}{{end}}' $roots)
 # go.mod's requirements, "module version" per line (in require blocks and single lines)

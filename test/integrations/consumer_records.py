@@ -8,6 +8,7 @@ null for none, and returns the stored JSON on every delivery.  77-node and
 79-go call check() with their package as the peer: the Python package
 (integrations/python/src, psycopg 3) writes a record of each of CASES that
 the peer replays, and the peer writes a record of each that Python replays;
+79-go also with the Node.js package as the other side (Go <-> Node.js);
 each record's response must be the result as it is (no envelope), and no
 replay may run its function.
 
@@ -61,11 +62,12 @@ def python_peer(dsn):
     return peer
 
 
-def check(check, admin_dsn, app_dsn, name, peer):
-    """Python writes, peer replays; peer writes, Python replays; the stored
-    responses are the results themselves.  check(ok, what, detail) counts."""
+def check(check, admin_dsn, app_dsn, name, peer, other=None, other_name="Python"):
+    """Python (or other, a peer named other_name) writes, peer replays; peer
+    writes, Python (other) replays; the stored responses are the results
+    themselves.  check(ok, what, detail) counts."""
     import psycopg
-    python = python_peer(app_dsn)
+    python = other or python_peer(app_dsn)
     expected = {f"{name}-{suffix}": result for suffix, result in CASES}
     cases = list(expected.items())
 
@@ -86,8 +88,8 @@ def check(check, admin_dsn, app_dsn, name, peer):
                  if k not in answers or answers[k]["result"] != v or answers[k]["replayed"] is not True}
         return wrong
 
-    for writer, writer_name, reader, reader_name in ((python, "Python", peer, name), (peer, name, python, "Python")):
-        tenant = f"cross-{writer_name.lower()}-{name}"
+    for writer, writer_name, reader, reader_name in ((python, other_name, peer, name), (peer, name, python, other_name)):
+        tenant = f"cross-{writer_name.lower()}-to-{reader_name.lower()}"
         try:
             first = writer("write", tenant, cases)
             firsts = {k: first.get(k) for k, v in expected.items()
