@@ -42,7 +42,7 @@ PG_FUNCTION_INFO_V1(idem_metrics);
 PG_FUNCTION_INFO_V1(idem_metrics_tenants);
 
 /* rows read at most on each side of now (expired; expiring next) */
-#define IDEM_METRICS_ROWS		100000
+#define IDEM_METRICS_ROWS		25000
 /* idem_metrics_tenants(top): 1 .. this */
 #define IDEM_METRICS_MAX_TOP	100
 
@@ -66,16 +66,19 @@ PG_FUNCTION_INFO_V1(idem_metrics_tenants);
  *   resumable  processing with a recovery point, lease ended, retention not
  *   unswept    expired, not a stuck claim (the sweeper removes it)
  */
+#define WINDOW_COLUMNS \
+	"tenant_id, created_at, status, recovery_point IS NULL AS no_point," \
+	" lease_expires_at, expires_at"
 #define WINDOW_ROWS \
 	"SELECT r.tenant_id, r.created_at," \
-	"       r.status" EQ "'processing' AND (r.recovery_point IS NULL" \
+	"       r.status" EQ "'processing' AND (r.no_point" \
 	"           OR COALESCE(r.lease_expires_at, r.expires_at)" GT "$1) AS claim," \
 	"       r.status" EQ "'processing' AND COALESCE(r.lease_expires_at, r.expires_at)" LE "$1" \
-	"           AND (r.recovery_point IS NULL OR r.expires_at" GT "$1) AS lease_ended," \
+	"           AND (r.no_point OR r.expires_at" GT "$1) AS lease_ended," \
 	"       r.expires_at" LE "$1 AS expired" \
-	"  FROM ((SELECT * FROM %1$s WHERE expires_at" LE "$1 LIMIT $2)" \
+	"  FROM ((SELECT " WINDOW_COLUMNS " FROM %1$s WHERE expires_at" LE "$1 LIMIT $2)" \
 	"        UNION ALL" \
-	"        (SELECT * FROM %1$s WHERE expires_at" GT "$1" \
+	"        (SELECT " WINDOW_COLUMNS " FROM %1$s WHERE expires_at" GT "$1" \
 	"          ORDER BY expires_at LIMIT $2)) r"
 
 static const char *const metrics_query =

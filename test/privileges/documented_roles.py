@@ -44,6 +44,9 @@ ROLE_FUNCTIONS = {
 # Executable by PUBLIC on purpose (docs/privileges.md says why): so by every
 # role, whatever its lines grant.
 PUBLIC_FUNCTIONS = {'idem_current_tenant'}
+# Executable by pg_monitor (the extension grants it; docs/privileges.md,
+# "Monitoring"): none of the three roles is a member, so each is refused them.
+MONITOR_FUNCTIONS = {'idem_metrics', 'idem_metrics_tenants'}
 OWNER_ONLY_HEADING = '## Owner only'
 OWNER_ROW = re.compile(r'^\|\s*`([A-Za-z_][A-Za-z0-9_]*\([^)]*\))`\s*\|\s*(.*?)\s*\|\s*$')
 DB = 'documented'
@@ -291,7 +294,15 @@ def check_coverage(P, own, repo):
             'docs/privileges.md, "Owner only": %d functions of the extension, each with a reason' % len(listed),
             bad_rows or 'the table is missing')
     fns = [f for f in fns if f[1] not in PUBLIC_FUNCTIONS]
-    uncovered = [f[0] for f in fns if not any(f[3].values()) and f[0] not in resolved]
+    monitor = [f[0] for f in fns if f[1] in MONITOR_FUNCTIONS]
+    not_monitor = [sig for sig in monitor if not P.one(
+        own, "SELECT pg_catalog.has_function_privilege('pg_monitor', %s::pg_catalog.regprocedure, 'EXECUTE')",
+        (sig,))[0]]
+    P.check(len(monitor) == len(MONITOR_FUNCTIONS) and not not_monitor,
+            'pg_monitor may execute the %d monitoring functions' % len(MONITOR_FUNCTIONS),
+            {'not executable by pg_monitor': not_monitor, 'found': monitor})
+    uncovered = [f[0] for f in fns if not any(f[3].values()) and f[0] not in resolved
+                 and f[1] not in MONITOR_FUNCTIONS]
     P.check(fns and not uncovered,
             'each of the %d functions of the extension (pg_depend) is in a documented role\'s GRANT lines '
             'or listed as owner only' % len(fns),
