@@ -30,6 +30,7 @@
 #include "miscadmin.h"
 #include "storage/lock.h"
 #include "storage/shmem.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
