@@ -60,6 +60,13 @@ ok( $node->poll_query_until(
 		SELECT last_sweep_error = '$superuser_refusal'
 		FROM idem_stats WHERE datname = current_database()}),
 	"the trigger runs with the owner's rights and fails");
+# idem_metrics (1.3) counts the passes that ended in an error
+is( $node->safe_psql(
+		'postgres', q{
+		SELECT sweep_errors_total > 0 AND sweep_errors_total <= sweeps_total
+		FROM idem_metrics()}),
+	't',
+	'idem_metrics counts the failed passes (sweep_errors_total)');
 is($node->safe_psql('postgres', q{SELECT rolsuper FROM pg_roles WHERE rolname = 'app'}),
 	'f', 'the owner did not become a superuser');
 is($node->safe_psql('postgres', 'SELECT count(*) FROM idempotency_records'),
