@@ -57,7 +57,7 @@ import (
 const MaxIdentifierBytes = 255
 
 // Version is this package's version; it works with the idempotency extension 1.2 and later.
-const Version = "0.2.0"
+const Version = "0.3.0"
 
 // The same in the Python, Node.js and Go packages (docs/integrations.md, "One
 // behaviour in three packages"): the titles of the problem documents...

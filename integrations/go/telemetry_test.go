@@ -8,6 +8,10 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -78,6 +82,26 @@ func TestSpansMiddleware(t *testing.T) {
 	post(t, s, key("otel-2"), `{"refuse": true}`)
 	expectSpans(t, "a stored 4xx again", spanTexts(exporter),
 		dbClaim+" idempotency.outcome=failed idempotency.replayed=true")
+
+	// the request context's span (an HTTP instrumentation's) is the parent
+	idempotent := idempotency.Middleware(idempotency.Config{DB: appDB, TenantSetting: tenantSetting, Tracer: tracer,
+		Logger: log.New(io.Discard, "", 0)})(http.HandlerFunc(handler))
+	traced := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, span := tracer.Start(r.Context(), "POST /things", trace.WithSpanKind(trace.SpanKindServer))
+		defer span.End()
+		idempotent.ServeHTTP(w, r.WithContext(ctx))
+	}))
+	defer traced.Close()
+	post(t, traced, key("otel-3"), `{"amount": 3}`)
+	spans := exporter.GetSpans()
+	if len(spans) != 3 || spans[2].Name != "POST /things" {
+		t.Fatalf("the request's spans: %v", spanTexts(exporter))
+	}
+	for _, s := range spans[:2] {
+		if s.Parent.SpanID() != spans[2].SpanContext.SpanID() || s.SpanContext.TraceID() != spans[2].SpanContext.TraceID() {
+			t.Errorf("%s is not a child of the request's span", s.Name)
+		}
+	}
 }
 
 func TestSpansRunAndParent(t *testing.T) {
