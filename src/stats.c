@@ -67,10 +67,9 @@ typedef struct IdemDatabaseStats
 	char		last_sweep_error[IDEM_STATS_ERROR_LEN];
 } IdemDatabaseStats;
 
-/* One tenant's conflicts; key 0: a free entry. */
+/* One tenant's conflicts; its key is in tenant_keys, 0 for a free entry. */
 typedef struct IdemTenantEntry
 {
-	pg_atomic_uint64 key;		/* hash of (database, tenant), never 0 */
 	pg_atomic_uint64 conflicts; /* exact, since the tenant took the entry */
 	pg_atomic_uint64 weight;	/* conflicts + the weight inherited */
 	Oid			dboid;
@@ -83,6 +82,9 @@ typedef struct IdemSharedStats
 	LWLock	   *tenant_lock;	/* the tenant table: shared to count,
 								 * exclusive to add or evict a tenant */
 	IdemDatabaseStats dbs[IDEM_STATS_MAX_DATABASES];
+	/* hash of (database, tenant) of each entry, never 0: one kilobyte to
+	 * scan for a tenant, apart from the entries' names */
+	pg_atomic_uint64 tenant_keys[IDEM_TENANT_SLOTS];
 	IdemTenantEntry tenants[IDEM_TENANT_SLOTS];
 } IdemSharedStats;
 
@@ -123,7 +125,7 @@ stats_shmem_startup(void)
 				pg_atomic_init_u64(&shared->dbs[i].counters[c], 0);
 		for (int i = 0; i < IDEM_TENANT_SLOTS; i++)
 		{
-			pg_atomic_init_u64(&shared->tenants[i].key, 0);
+			pg_atomic_init_u64(&shared->tenant_keys[i], 0);
 			pg_atomic_init_u64(&shared->tenants[i].conflicts, 0);
 			pg_atomic_init_u64(&shared->tenants[i].weight, 0);
 		}
@@ -152,9 +154,9 @@ forget_tenants(Oid dboid)
 	{
 		IdemTenantEntry *e = &shared->tenants[i];
 
-		if (e->dboid == dboid && pg_atomic_read_u64(&e->key) != 0)
+		if (e->dboid == dboid && pg_atomic_read_u64(&shared->tenant_keys[i]) != 0)
 		{
-			pg_atomic_write_u64(&e->key, 0);
+			pg_atomic_write_u64(&shared->tenant_keys[i], 0);
 			pg_atomic_write_u64(&e->conflicts, 0);
 			pg_atomic_write_u64(&e->weight, 0);
 		}
@@ -304,7 +306,7 @@ find_tenant(uint64 key, Oid dboid, const char *tenant, int len)
 	{
 		IdemTenantEntry *e = &shared->tenants[i];
 
-		if (pg_atomic_read_u64(&e->key) == key && e->dboid == dboid &&
+		if (pg_atomic_read_u64(&shared->tenant_keys[i]) == key && e->dboid == dboid &&
 			strncmp(e->tenant, tenant, len) == 0 && e->tenant[len] == '\0')
 			return i;
 	}
@@ -353,7 +355,7 @@ idem_stats_count_tenant_conflict(const text *tenant_id)
 
 		for (int j = 0; j < IDEM_TENANT_SLOTS && least > 0; j++)
 		{
-			uint64		w = pg_atomic_read_u64(&shared->tenants[j].key) == 0 ? 0 :
+			uint64		w = pg_atomic_read_u64(&shared->tenant_keys[j]) == 0 ? 0 :
 				pg_atomic_read_u64(&shared->tenants[j].weight);
 
 			if (w < least)
@@ -363,7 +365,7 @@ idem_stats_count_tenant_conflict(const text *tenant_id)
 			}
 		}
 		e = &shared->tenants[i];
-		pg_atomic_write_u64(&e->key, key);
+		pg_atomic_write_u64(&shared->tenant_keys[i], key);
 		pg_atomic_write_u64(&e->conflicts, 1);
 		pg_atomic_write_u64(&e->weight, least + 1);
 		e->dboid = MyDatabaseId;
@@ -388,7 +390,7 @@ idem_stats_tenant_conflicts(IdemTenantConflicts *out)
 	{
 		IdemTenantEntry *e = &shared->tenants[i];
 
-		if (pg_atomic_read_u64(&e->key) == 0 || e->dboid != MyDatabaseId)
+		if (pg_atomic_read_u64(&shared->tenant_keys[i]) == 0 || e->dboid != MyDatabaseId)
 			continue;
 		strlcpy(out[n].tenant, e->tenant, sizeof(out[n].tenant));
 		out[n].conflicts = pg_atomic_read_u64(&e->conflicts);
