@@ -62,11 +62,20 @@ export type Middleware = (req: any, res: any, next: (err?: unknown) => void) => 
 /** Express middleware: a route runs at most once per (tenant, Idempotency-Key). */
 export function idempotency(options: MiddlewareOptions): Middleware;
 
+/** A field path: 'id', 'body.order.id', 'Records[0].messageId', 'items[-1]', 'headers["x.y"]'
+ *  (the Python package's subset of JMESPath, no dependency). */
+export type FieldPath = string;
+export type PayloadValidation<M> = '*' | FieldPath | readonly FieldPath[] | ((message: M) => unknown);
+
 export interface IdempotentOptionsBase<M> {
   /** Whose keys these are (the consumer group, the queue): a string or a function of the message. */
-  tenant: string | ((message: M) => string);
-  /** Dotted paths whose values make the fingerprint; a duplicate with other values is refused. Default: none. */
-  fingerprintFields?: string[] | null;
+  tenant: string | ((message: M) => string | number | bigint);
+  /** What makes the fingerprint, compared when a key comes again (another one is refused,
+   *  'mismatch'): '*' (the whole message), a field path, field paths (a missing one counts as
+   *  null) or a function of the message. Default: none, the key alone decides. */
+  payloadValidation?: PayloadValidation<M> | null;
+  /** The older name of payloadValidation. */
+  fingerprintFields?: PayloadValidation<M> | null;
   /** How long the record is kept ('7 days'); default the server's setting. */
   ttl?: PerCall<M>;
   /** idem_claim's lease; default the server's setting. */
@@ -85,11 +94,11 @@ export interface IdempotentOptionsBase<M> {
  * and the stored result are one transaction. Call the result with a pg.Pool, pg.Client
  * or pool client (idle, not inside a transaction) and the message.
  */
-/** The key: `key` (a function of the message, or a dotted path into it: 'id', 'attributes.messageId'),
+/** The key: `key` (a function of the message, or a field path into it: 'id', 'Records[0].messageId'),
  *  or `eventKeyJmesPath` (a JMESPath expression; needs the jmespath package), one of them.
  *  `payloadValidationJmesPath`: what makes the fingerprint, as a JMESPath expression. */
 export type IdempotentOptions<M> = IdempotentOptionsBase<M> & { payloadValidationJmesPath?: string | null } & (
-  | { key: string | ((message: M) => string | number | bigint | null | undefined); eventKeyJmesPath?: null }
+  | { key: FieldPath | ((message: M) => string | number | bigint | null | undefined); eventKeyJmesPath?: null }
   | { eventKeyJmesPath: string; key?: undefined });
 
 export function idempotent<M, R, A extends unknown[]>(

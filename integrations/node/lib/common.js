@@ -100,12 +100,37 @@ function checkTenantSetting(name) {
   return name;
 }
 
-/** JSON with sorted keys: the same value gives the same text whatever the key order or spacing. */
+/** Order of code points (as Python sorts str), not of UTF-16 units: a character above U+FFFF
+ *  (a surrogate pair) sorts after U+E000..U+FFFF. */
+function byCodePoint(a, b) {
+  const n = Math.min(a.length, b.length);
+  for (let i = 0; i < n; i += 1) {
+    const x = a.charCodeAt(i);
+    const y = b.charCodeAt(i);
+    if (x !== y) {
+      const rank = (c) => (c >= 0xd800 && c <= 0xdfff ? c + 0x2000 : c >= 0xe000 ? c - 0x800 : c);
+      return rank(x) - rank(y);
+    }
+  }
+  return a.length - b.length;
+}
+
+/** A number as Python's json.dumps writes a float that is not whole: an exponent below 1e-4
+ *  (1e-05, 1.5e-07); whole numbers as JavaScript writes them (JSON does not tell 2 from 2.0). */
+function numberJson(n) {
+  if (!Number.isFinite(n) || Number.isInteger(n) || Math.abs(n) >= 1e-4) return JSON.stringify(n);
+  const [mantissa, exponent] = n.toExponential().split('e');
+  return `${mantissa}e${exponent[0]}${exponent.slice(1).padStart(2, '0')}`;
+}
+
+/** JSON with sorted keys and no spacing, as the Python package's canonical_json writes it: the same
+ *  value gives the same text whatever the key order or spacing. */
 function canonicalJson(value) {
   if (value === undefined) return 'null';
+  if (typeof value === 'number') return numberJson(value);
   if (Array.isArray(value)) return `[${value.map(canonicalJson).join(',')}]`;
   if (value !== null && typeof value === 'object' && typeof value.toJSON !== 'function') {
-    return `{${Object.keys(value).filter((k) => value[k] !== undefined).sort()
+    return `{${Object.keys(value).filter((k) => value[k] !== undefined).sort(byCodePoint)
       .map((k) => `${JSON.stringify(k)}:${canonicalJson(value[k])}`).join(',')}}`;
   }
   return JSON.stringify(value);

@@ -6,7 +6,7 @@
  *   const handle = idempotent(async (db, message) => {
  *     await db.query('INSERT ...');          // same transaction as the claim
  *     return { orderId: 42 };                // stored, returned on every duplicate
- *   }, { key: 'messageId', tenant: 'orders-consumer', fingerprintFields: ['body.amount'] });
+ *   }, { key: 'messageId', tenant: 'orders-consumer', payloadValidation: ['body.amount'] });
  *   const result = await handle(pool, message);
  *
  * One transaction on the client (a pg.Pool lends one): BEGIN, idem_claim,
@@ -20,38 +20,10 @@
  * that JSON read back, so every delivery sees the same value.
  */
 const {
-  SET_TENANT_SQL, Refused, IdempotencyError, parseIdentifier, checkTenantSetting, canonicalJson, sha256, perCall,
-  retryAfterSql,
+  MAX_IDENTIFIER_BYTES, SET_TENANT_SQL, IdempotencyError, checkTenantSetting, perCall, retryAfterSql,
 } = require('./common');
-
-/** A dotted path ('body.order.id') into a message; undefined when any step is missing. */
-function pathValue(message, path) {
-  let value = message;
-  for (const step of path.split('.')) {
-    if (value === null || value === undefined) return undefined;
-    value = value[step];
-  }
-  return value;
-}
-
-const valueOf = (spec, message) => (typeof spec === 'function' ? spec(message) : pathValue(message, spec));
-
-/** A function of the message from a JMESPath expression (the optional peer dependency jmespath),
- *  checked when the wrapper is made; the message is read as its JSON. */
-function jmesPath(expression, name) {
-  let jmespath;
-  try {
-    jmespath = require('jmespath');  // eslint-disable-line global-require
-  } catch {
-    throw new TypeError(`The ${name} option needs the jmespath package (npm install jmespath);`
-      + ' a dotted path (key, fingerprintFields) needs nothing.');
-  }
-  if (typeof expression !== 'string' || expression.trim() === '') {
-    throw new TypeError(`The ${name} option must be a JMESPath expression.`);
-  }
-  jmespath.compile(expression);      // a syntax error is thrown now, not on the first message
-  return (message) => jmespath.search(JSON.parse(JSON.stringify(message ?? null)), expression);
-}
+const { valueGetter, payloadFingerprint, jmesPath } = require('./paths');
+const { traced } = require('./telemetry');
 
 /** A pg.Pool lends a client; a pg.Client or a pool's client is used as it is. */
 async function borrow(db) {
@@ -61,27 +33,36 @@ async function borrow(db) {
   return { client, giveBack: (err) => client.release(err) };
 }
 
+const typeName = (value) => (value === null ? 'null' : Array.isArray(value) ? 'array'
+  : typeof value === 'number' ? 'a number that is not an integer' : typeof value);
+
+/** A tenant or key as the extension takes it, checked as the Python package checks a consumer's:
+ *  a string or an integer, 1..255 UTF-8 bytes, no NUL (not only printable ASCII: that is for
+ *  HTTP headers). */
 function identifier(value, what) {
-  if (typeof value === 'number' || typeof value === 'bigint') value = String(value);
-  try {
-    return parseIdentifier(value, what);
-  } catch (e) {
-    if (!(e instanceof Refused)) throw e;
-    const text = e.detail ? `${e.title}: ${e.detail}` : `${e.title}.`;
-    throw new IdempotencyError('invalid_key', text[0].toUpperCase() + text.slice(1));
-  }
+  const refuse = (text) => { throw new IdempotencyError('invalid_key', `The ${what} ${text}`); };
+  if (typeof value === 'bigint' || (typeof value === 'number' && Number.isInteger(value))) value = String(value);
+  if (typeof value !== 'string') refuse(`must be a string or an integer, not ${typeName(value)}.`);
+  if (value === '') refuse('must not be empty.');
+  const size = Buffer.byteLength(value, 'utf8');
+  if (size > MAX_IDENTIFIER_BYTES) refuse(`is too long: ${size} bytes; the limit is ${MAX_IDENTIFIER_BYTES}.`);
+  if (value.includes('\0')) refuse('must not contain a NUL character.');
+  return value;
 }
 
 /**
  * options:
- *   key                (message) => key, or a dotted path into the message ('id', 'headers.messageId')
+ *   key                (message) => key, or a field path into the message ('id', 'headers.messageId',
+ *                      'Records[0].messageId', 'headers["x.y"]'; lib/paths.js)
  *   tenant             a string, or (message) => tenant (the consumer group, the queue)
- *   fingerprintFields  dotted paths whose values make the fingerprint; a duplicate whose
- *                      fields differ is refused ('mismatch'); default: no fingerprint
+ *   payloadValidation  what makes the fingerprint, compared when a key comes again (another one
+ *                      is refused: 'mismatch'): '*' (the whole message), a field path, an array
+ *                      of field paths (a missing one counts as null), or a function of the
+ *                      message; default: no fingerprint. fingerprintFields is its older name.
  *   eventKeyJmesPath, payloadValidationJmesPath
  *                      AWS Powertools' names: the key, or what makes the fingerprint, as a
  *                      JMESPath expression over the message (its JSON), instead of key or
- *                      fingerprintFields; needs the jmespath package
+ *                      payloadValidation; needs the jmespath package
  *   ttl, lease, wait   intervals for idem_claim ('1 day', '30 seconds', '2 seconds'), or
  *                      (message) => interval (per call); default the server's settings
  *                      (wait: answer in_progress at once)
@@ -95,28 +76,34 @@ function identifier(value, what) {
  *                      before the claim; default null: nothing is set
  */
 function idempotent(fn, {
-  key, tenant, fingerprintFields = null, ttl = null, lease = null, wait = null, tenantSetting = null,
-  raiseOnMissingKey = true, responseHook = null, eventKeyJmesPath = null, payloadValidationJmesPath = null,
+  key = null, tenant, payloadValidation = null, fingerprintFields = null, ttl = null, lease = null, wait = null,
+  tenantSetting = null, raiseOnMissingKey = true, responseHook = null, eventKeyJmesPath = null,
+  payloadValidationJmesPath = null,
 } = {}) {
   if (typeof fn !== 'function') throw new TypeError('idempotent() needs the function to wrap.');
-  if (eventKeyJmesPath !== null) {
-    if (key !== undefined) throw new TypeError('Give the key option or eventKeyJmesPath, not both.');
-    key = jmesPath(eventKeyJmesPath, 'eventKeyJmesPath');
+  // the checks of the Python package's idempotent_function, in its order and with its texts
+  if ((key === null) === (eventKeyJmesPath === null)) {
+    throw new TypeError('idempotent() needs key (a field path or a function of the message) or eventKeyJmesPath,'
+      + ' one of them.');
   }
-  if (payloadValidationJmesPath !== null && fingerprintFields !== null) {
-    throw new TypeError('Give fingerprintFields or payloadValidationJmesPath, not both.');
+  if (payloadValidation !== null && fingerprintFields !== null) {
+    throw new TypeError('payloadValidation and fingerprintFields (its older name) are one option: give one.');
   }
-  const payload = payloadValidationJmesPath === null ? null : jmesPath(payloadValidationJmesPath, 'payloadValidationJmesPath');
-  if (!(typeof key === 'function' || (typeof key === 'string' && key !== ''))) {
-    throw new TypeError('The key option must be a function of the message or a dotted path into it.');
+  payloadValidation ??= fingerprintFields;
+  if (payloadValidation !== null && payloadValidationJmesPath !== null) {
+    throw new TypeError('payloadValidation and payloadValidationJmesPath are two ways of one option: give one.');
   }
-  if (!(typeof tenant === 'function' || (typeof tenant === 'string' && tenant !== ''))) {
-    throw new TypeError('The tenant option must be a non-empty string or a function of the message.');
+  if (eventKeyJmesPath !== null) key = jmesPath(eventKeyJmesPath, 'eventKeyJmesPath');
+  if (payloadValidationJmesPath !== null) {
+    payloadValidation = jmesPath(payloadValidationJmesPath, 'payloadValidationJmesPath');
   }
-  if (fingerprintFields !== null
-      && !(Array.isArray(fingerprintFields) && fingerprintFields.every((f) => typeof f === 'string' && f !== ''))) {
-    throw new TypeError('The fingerprintFields option must be an array of dotted paths.');
+  if (!(typeof tenant === 'function' || typeof tenant === 'string' || typeof tenant === 'number')) {
+    throw new TypeError('idempotent() needs tenant: a string naming the consumer (its group, its queue) or a function'
+      + ' of the message.');
   }
+  const keyOf = valueGetter(key);
+  const fingerprintOf = payloadFingerprint(payloadValidation);
+  const tenantOf = typeof tenant === 'function' ? tenant : ((fixed) => () => fixed)(identifier(tenant, 'tenant'));
   if (responseHook !== null && typeof responseHook !== 'function') {
     throw new TypeError('The responseHook option must be a function (result, replayed).');
   }
@@ -125,15 +112,14 @@ function idempotent(fn, {
   const answer = (result, replayed) => (responseHook ? responseHook(result, replayed) : result);
 
   return async function idempotentCall(db, message, ...rest) {
-    const rawKey = valueOf(key, message);
-    if ((rawKey === undefined || rawKey === null) && !raiseOnMissingKey) return runWithoutKey(fn, db, message, rest);
-    const keyValue = identifier(rawKey, 'the key');
-    const tenantValue = identifier(typeof tenant === 'string' ? tenant : tenant(message), 'the tenant');
-    let fingerprint = null;
-    if (payload) fingerprint = sha256(canonicalJson(payload(message) ?? null));
-    else if (fingerprintFields !== null) {
-      fingerprint = sha256(canonicalJson(fingerprintFields.map((field) => [field, pathValue(message, field) ?? null])));
+    const rawKey = keyOf(message);
+    if (rawKey === undefined || rawKey === null) {
+      if (!raiseOnMissingKey) return runWithoutKey(fn, db, message, rest);
+      throw new IdempotencyError('invalid_key', 'The message has no idempotency key.');
     }
+    const keyValue = identifier(rawKey, 'idempotency key');
+    const tenantValue = identifier(tenantOf(message), 'tenant');
+    const fingerprint = fingerprintOf ? fingerprintOf(message) : null;
     const [callLease, callTtl, callWait] = intervals.map((f) => f(message) ?? null);
 
     const { client, giveBack } = await borrow(db);
@@ -143,19 +129,19 @@ function idempotent(fn, {
       let outcome;
       try {
         if (setting) await client.query(SET_TENANT_SQL, [setting, tenantValue]);
-        const { rows: [claim] } = await client.query(
+        const { rows: [claim] } = await traced('idem_claim', client, () => client.query(
           `SELECT outcome, token, response, ${retryAfterSql('$6')} AS retry_after
              FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
-          [tenantValue, keyValue, fingerprint, callLease, callTtl, callWait]);
+          [tenantValue, keyValue, fingerprint, callLease, callTtl, callWait]), (result) => result.rows[0].outcome);
         outcome = claim;
         if (claim.outcome === 'claimed') {
           const result = await fn(client, message, ...rest);
           const document = JSON.stringify(result === undefined ? null : result);
           // store it and read back what was stored: the same value on every delivery
-          const { rows: [stored] } = await client.query(
+          const { rows: [stored] } = await traced('idem_complete', client, () => client.query(
             `SELECT d.r AS result FROM (SELECT $4::jsonb) AS d(r),
                     idem_complete($1, $2, $3::bigint, response => d.r)`,
-            [tenantValue, keyValue, claim.token, document]);
+            [tenantValue, keyValue, claim.token, document]));
           await client.query('COMMIT');
           outcome = { outcome: 'claimed', response: stored.result };
         } else {
@@ -213,4 +199,4 @@ async function runWithoutKey(fn, db, message, rest) {
   }
 }
 
-module.exports = { idempotent };
+module.exports = { idempotent, identifier };

@@ -37,6 +37,7 @@ const {
   SET_TENANT_SQL, TITLES, DEFAULT_REPLAYED_HEADERS, Refused, parseIdentifier, checkTenantSetting, canonicalJson, sha256,
   retryAfterSql, defaultStoreStatus, perCall,
 } = require('./common');
+const { traced } = require('./telemetry');
 
 const SF_STRING = /^"((?:[^"\\]|\\["\\])*)"$/;           // RFC 8941 sf-string
 // the body to send, as PostgreSQL prints the stored jsonb (the whole document if it is not ours)
@@ -197,10 +198,11 @@ function idempotency({ pool, tenant = 'X-Client-Id', lease = null, ttl = null, w
     try {
       await db.query('BEGIN');
       if (setting) await db.query(SET_TENANT_SQL, [setting, tenantId]);
-      ({ rows: [claim] } = await db.query(
+      ({ rows: [claim] } = await traced('idem_claim', db, () => db.query(
         `SELECT outcome, token, response, ${bodyText('response')} AS body, ${retryAfterSql('$6')} AS retry_after
            FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
-        [tenantId, key, requestFingerprint(req), callLease ?? null, callTtl ?? null, callWait ?? null]));
+        [tenantId, key, requestFingerprint(req), callLease ?? null, callTtl ?? null, callWait ?? null]),
+      (result) => result.rows[0].outcome));
       if (claim.outcome !== 'claimed') await db.query('COMMIT');
     } catch (e) {
       await finish(db, 'ROLLBACK');
@@ -282,14 +284,15 @@ async function settle(db, { tenant, key, token }, res, body, { storeStatus, repl
     res.end(body);
     return;
   }
-  const fn = res.statusCode < 400 ? 'idem_complete($1, $2, $3::bigint, response => d.r)'
+  const operation = res.statusCode < 400 ? 'idem_complete' : 'idem_release';
+  const call = operation === 'idem_complete' ? 'idem_complete($1, $2, $3::bigint, response => d.r)'
     : 'idem_release($1, $2, $3::bigint, failure => d.r)';
   let stored;
   try {
     // store it, and read back what was stored: the answer is rendered from that
-    ({ rows: [stored] } = await db.query(
-      `SELECT d.r AS response, ${bodyText('d.r')} AS body, ${fn} FROM (SELECT $4::jsonb) AS d(r)`,
-      [tenant, key, token, JSON.stringify(storedDocument(res, body, replayed))]));
+    ({ rows: [stored] } = await traced(operation, db, () => db.query(
+      `SELECT d.r AS response, ${bodyText('d.r')} AS body, ${call} FROM (SELECT $4::jsonb) AS d(r)`,
+      [tenant, key, token, JSON.stringify(storedDocument(res, body, replayed))])));
     await db.query('COMMIT');
   } catch (e) {
     await finish(db, 'ROLLBACK');

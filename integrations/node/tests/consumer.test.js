@@ -1,11 +1,11 @@
 'use strict';
 // The consumer wrapper against a real server: node --test, PG* from the environment.
-const { test, before, after } = require('node:test');
+const { test } = require('node:test');
 const assert = require('node:assert/strict');
 const pg = require('pg');
 const { idempotent: wrap, IdempotencyError } = require('..');
 const {
-  RUN, APP_USER, TENANT_SETTING, skipReason, database, closeAdmin, asTenant, writes, record,
+  RUN, APP_USER, TENANT_SETTING, skipReason, providePool, asTenant, writes, record,
 } = require('./helpers');
 
 /** idempotent() as the tests use it: with this run's tenantSetting (null: isolation off). */
@@ -27,13 +27,7 @@ async function book(db, message) {
   return { booked: Number(row.id), amount: message.body?.amount, at: new Date(0) };
 }
 
-before(async () => {
-  if (!skipReason) pool = await database();
-});
-after(async () => {
-  if (!skipReason) await pool.end();
-  if (!skipReason) await closeAdmin();
-});
+providePool((p) => { pool = p; });
 
 const handle = idempotent(book, { key: 'id', tenant: ORDERS, fingerprintFields: ['body.amount'] });
 
@@ -115,7 +109,8 @@ test('a key from a function; a pg.Client and a pool client work as the database'
 
 test('no usable key: invalid_key before anything is claimed', { skip: skipReason }, async () => {
   const before = runs.get(undefined) ?? 0;
-  await assert.rejects(handle(pool, { body: { amount: 1 } }), (e) => e.code === 'invalid_key' && /must not be empty/.test(e.message));
+  await assert.rejects(handle(pool, { body: { amount: 1 } }), (e) => e.code === 'invalid_key' && /has no idempotency key/.test(e.message));
+  await assert.rejects(handle(pool, { id: '', body: {} }), (e) => e.code === 'invalid_key' && /must not be empty/.test(e.message));
   await assert.rejects(handle(pool, { id: 'x'.repeat(256), body: {} }), (e) => e.code === 'invalid_key');
   assert.equal(runs.get(undefined) ?? 0, before);
   assert.throws(() => idempotent(book, { key: 'id' }), TypeError);

@@ -56,6 +56,20 @@ async function database() {
 /** The pool the checks read with (PGUSER); ended by closeAdmin(). */
 const closeAdmin = async () => { await admin?.end(); admin = undefined; };
 
+/** A test file's pool: set(database()) before its tests; it and the checks' pool end after them. */
+function providePool(set) {
+  const { before, after } = require('node:test');  // eslint-disable-line global-require
+  let pool;
+  before(async () => {
+    if (!skipReason) set(pool = await database());
+  });
+  after(async () => {
+    if (skipReason) return;
+    await pool.end();
+    await closeAdmin();
+  });
+}
+
 /** A client of the application role's pool, in a transaction as tenant when isolation is on. */
 async function asTenant(pool, tenant) {
   const db = await pool.connect();
@@ -109,5 +123,6 @@ function request(port, { method = 'POST', path = '/', headers = {}, body } = {})
 }
 
 module.exports = {
-  RUN, APP_USER, TENANT_SETTING, skipReason, database, closeAdmin, asTenant, writes, record, adminQuery, listen, request,
+  RUN, APP_USER, TENANT_SETTING, skipReason, database, closeAdmin, providePool, asTenant, writes, record, adminQuery, listen,
+  request,
 };

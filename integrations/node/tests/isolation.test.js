@@ -3,12 +3,12 @@
 // (IDEM_TEST_TENANT_SETTING) or off: helpers.js says how.  Each test asserts
 // in both runs; what it expects differs, so a run that is not isolated
 // cannot pass as one that is.
-const { test, before, after } = require('node:test');
+const { test } = require('node:test');
 const assert = require('node:assert/strict');
 const express = require('express');
 const { idempotency, idempotent } = require('..');
 const {
-  RUN, APP_USER, TENANT_SETTING, skipReason, database, closeAdmin, asTenant, writes, record, listen, request,
+  RUN, APP_USER, TENANT_SETTING, skipReason, providePool, asTenant, writes, record, listen, request,
 } = require('./helpers');
 
 const SHOP = `iso-shop-${RUN}`;
@@ -16,13 +16,7 @@ const OTHER = `iso-other-${RUN}`;
 const REFUSED = ['55000', '42501'];   // the setting unset (the extension's error), or row-level security
 let pool;
 
-before(async () => {
-  if (!skipReason) pool = await database();
-});
-after(async () => {
-  if (!skipReason) await pool.end();
-  if (!skipReason) await closeAdmin();
-});
+providePool((p) => { pool = p; });
 
 /** An app whose route books through the claim's transaction; errors handed to next() are kept. */
 function app(options, errors) {

@@ -37,6 +37,11 @@ const handle = idempotent(async (db: PoolClientLike, message: OrderMessage, atte
 }, { key: 'messageId', tenant: (m) => `orders-${m.body.orderId % 4}`, fingerprintFields: ['body.amount'], wait: '2 seconds',
   tenantSetting: 'app.tenant', ttl: (m) => (m.body.amount > 1000 ? '30 days' : null) });
 
+// payloadValidation: the whole message, a field path, field paths or a function
+for (const payloadValidation of ['*', 'body.amount', ['body.orderId', 'body["amount"]'], (m: OrderMessage) => m.body.amount] as const) {
+  void idempotent(async () => 1, { key: 'messageId', tenant: 'orders', payloadValidation });
+}
+
 // Powertools' names: the key and the fingerprint as JMESPath expressions
 const byExpression = idempotent(async (db: PoolClientLike, message: OrderMessage) => message.body.amount,
   { eventKeyJmesPath: 'messageId', payloadValidationJmesPath: 'body.[orderId, amount]', tenant: 'orders' });
@@ -79,5 +84,7 @@ const wrongToken: number | undefined = ({} as express.Request).idempotency?.toke
 void wrongToken;
 // @ts-expect-error: tenantSetting is the setting's name
 idempotency({ pool, tenantSetting: true });
+// @ts-expect-error: payloadValidation is no number
+idempotent(async () => 1, { tenant: 'x', key: 'id', payloadValidation: 5 });
 // @ts-expect-error: the key option or eventKeyJmesPath, not both
 idempotent(async () => 1, { tenant: 'x', key: 'id', eventKeyJmesPath: 'id' });
