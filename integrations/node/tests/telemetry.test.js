@@ -7,6 +7,7 @@ const assert = require('node:assert/strict');
 const { spawnSync } = require('node:child_process');
 const path = require('node:path');
 const api = require('@opentelemetry/api');
+const { AsyncLocalStorageContextManager } = require('@opentelemetry/context-async-hooks');
 const { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } = require('@opentelemetry/sdk-trace-base');
 const { MeterProvider, MetricReader } = require('@opentelemetry/sdk-metrics');
 const express = require('express');
@@ -17,6 +18,7 @@ const {
 
 // registered after the package was loaded: its tracer is a proxy, its counter follows the provider
 const exporter = new InMemorySpanExporter();
+api.context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
 api.trace.setGlobalTracerProvider(new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] }));
 class Reader extends MetricReader {
   async onForceFlush() {}      // eslint-disable-line class-methods-use-this
@@ -94,8 +96,18 @@ test('consumer: a first call (idem_claim, idem_complete), a duplicate (idem_clai
     ['idem_claim', CLIENT, attributes('idem_claim', 'claimed', false), UNSET],
     ['idem_complete', CLIENT, attributes('idem_complete'), UNSET],
   ]);
-  await handle(pool, { id: 'c-1' });
-  assert.deepEqual(spans(), [['idem_claim', CLIENT, attributes('idem_claim', 'replay', true), UNSET]]);
+  // within the application's span (a job's, a message's): the package's spans are its children
+  const job = await api.trace.getTracer('the-app').startActiveSpan('job', async (span) => {
+    await handle(pool, { id: 'c-1' });
+    span.end();
+    return span.spanContext();
+  });
+  const [claim, parent] = exporter.getFinishedSpans();
+  assert.equal(claim.name, 'idem_claim');
+  assert.equal(parent.name, 'job');
+  assert.equal(claim.parentSpanContext?.spanId, job.spanId, 'the claim\'s span is a child of the active span');
+  assert.equal(claim.spanContext().traceId, job.traceId);
+  assert.deepEqual(spans().slice(0, 1), [['idem_claim', CLIENT, attributes('idem_claim', 'replay', true), UNSET]]);
   // the statement fails (wait is no interval): the span says so, with the SQLSTATE
   await assert.rejects(handle(pool, { id: 'c-2', wait: 'soon' }), (e) => e.code === '22007');
   const [[name, , failed, status]] = spans();
