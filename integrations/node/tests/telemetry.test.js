@@ -141,7 +141,7 @@ test('without @opentelemetry/api the package loads and runs, and nothing is trac
       if (request.startsWith('@opentelemetry/')) throw Object.assign(new Error('not installed'), { code: 'MODULE_NOT_FOUND' });
       return resolve.call(this, request, ...rest);
     };
-    const pg = require('pg');
+    const pg = require(${JSON.stringify(require.resolve('pg'))});
     const { idempotent } = require(${JSON.stringify(path.join(__dirname, '..'))});
     const telemetry = require(${JSON.stringify(path.join(__dirname, '../lib/telemetry'))});
     const pool = new pg.Pool({ user: process.env.IDEM_TEST_APP_USER || undefined });
