@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg2
 
 import isolation
+from isolation import edition   # IDEM_EDITION (test/sql-edition/edition.py): the C extension or the SQL edition
 
 PG_PORT = int(os.environ.get("IDEM_TEST_PORT_BASE", "57500"))
 HTTP_PORT = PG_PORT + 1
@@ -141,12 +142,12 @@ class Servers:
         with open(os.path.join(self.data, "postgresql.conf"), "a") as conf:
             conf.write(f"listen_addresses = '127.0.0.1'\nport = {PG_PORT}\n"
                        f"unix_socket_directories = '{self.dir}'\n"
-                       "shared_preload_libraries = 'idempotency'\n"
+                       f"shared_preload_libraries = '{edition.preload()}'\n"
                        "max_connections = 40\nfsync = off\nlc_messages = 'C'\n")
         self.run("pg_ctl", "-D", self.data, "-l", os.path.join(self.dir, "postgres.log"), "-w", "start")
         self.pg_started = True
         self.psql("-d", "postgres", "-c", "CREATE DATABASE ledger")
-        self.psql("-d", "ledger", "-f", schema)
+        edition.install(lambda *args: self.psql("-d", "ledger", *args), schema, self.dir)
         global token_mark_set
         db = self.db()
         isolation.prepare(db, "ledger_app", tenant_setting)
@@ -258,12 +259,12 @@ def record(db, key, client="default"):
 
 
 def wait_for_claim_in_flight(db, timeout=10):
-    """True once some transaction holds an idempotency key lock (objsubid 0x4944)."""
+    """True once some transaction holds an idempotency key lock (objsubid 0x4944; 1 in the SQL edition)."""
     deadline = time.time() + timeout
     with db.cursor() as cur:
         while time.time() < deadline:
             cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                        " AND objsubid = 18756 AND granted")
+                        " AND objsubid = %s AND granted", (edition.KEY_LOCK_OBJSUBID,))
             if cur.fetchone()[0] > 0:
                 return True
             time.sleep(0.01)

@@ -21,9 +21,13 @@ functions of public instead of the extension's members.
 """
 import os
 import re
+import subprocess
 import sys
 
 import psycopg2
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../sql-edition"))
+import edition  # noqa: E402  (IDEM_EDITION: the C extension or the SQL edition)
 
 SETTING = "app.tenant"
 PASSES = (None, SETTING)          # tenant isolation off, then on
@@ -32,7 +36,7 @@ PASSES = (None, SETTING)          # tenant isolation off, then on
 REFUSED = ("55000", "42501")
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 ROOT = os.getcwd()
-EDITION = os.environ.get("IDEM_EDITION", "c")
+EDITION = edition.EDITION
 
 
 def describe(setting):
@@ -180,7 +184,8 @@ def check_in_force(check, admin, role_dsn, setting, key, tenants):
 
 def app_role_database(check, env, role):
     """For a package's own tests (77-node, 79-go): the database env names
-    (PG* variables, a superuser), created with the extension, and role
+    (PG* variables, a superuser), created with the extension (or the SQL
+    edition: test/sql-edition/edition.py), and role
     (created if missing) holding exactly the documented application grants
     there.  The tests switch isolation on or off themselves."""
     connect = dict(host=env["PGHOST"], port=env["PGPORT"], user=env["PGUSER"])
@@ -192,10 +197,11 @@ def app_role_database(check, env, role):
         if cur.fetchone() is None:
             cur.execute(f"CREATE ROLE {role} LOGIN")
     root.close()
+    edition.create(lambda *args: subprocess.run(
+        ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", env["PGHOST"], "-p", str(env["PGPORT"]),
+         "-U", env["PGUSER"], "-d", env["PGDATABASE"], *args], check=True, stdout=subprocess.DEVNULL))
     admin = psycopg2.connect(dbname=env["PGDATABASE"], **connect)
     admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute("CREATE EXTENSION idempotency")
     prepare(admin, role, None)
     check_role(check, admin, role, None)
     admin.close()
