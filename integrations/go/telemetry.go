@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -16,10 +17,11 @@ const TracerName = "github.com/idempotency-pg/idempotency/integrations/go"
 // The span attributes: the stable database semantic conventions' names, and
 // the package's own.
 const (
-	AttrDBSystemName    = "db.system.name"       // always "postgresql"
-	AttrDBOperationName = "db.operation.name"    // the extension's function: idem_claim, idem_complete, idem_release
-	AttrOutcome         = "idempotency.outcome"  // idem_claim's outcome: claimed, replay, failed, in_progress, mismatch
-	AttrReplayed        = "idempotency.replayed" // a stored answer was given instead of running the handler or fn
+	AttrDBSystemName    = "db.system.name"          // always "postgresql"
+	AttrDBOperationName = "db.operation.name"       // the extension's function: idem_claim, idem_complete, idem_release
+	AttrDBStatusCode    = "db.response.status_code" // a failed call's SQLSTATE, when the driver says it
+	AttrOutcome         = "idempotency.outcome"     // idem_claim's outcome: claimed, replay, failed, in_progress, mismatch
+	AttrReplayed        = "idempotency.replayed"    // a stored answer was given instead of running the handler or fn
 )
 
 // startCall starts a client span named after the extension's function op
@@ -35,7 +37,8 @@ func startCall(ctx context.Context, tracer trace.Tracer, op string) (context.Con
 }
 
 // endCall ends span with idem_claim's outcome (when outcome is set) and
-// err as its status.
+// err as its status, with the SQLSTATE of a driver's error that has a
+// SQLState() method (pgx's *pgconn.PgError has).
 func endCall(span trace.Span, outcome string, err error) {
 	if span == nil {
 		return
@@ -45,6 +48,10 @@ func endCall(span trace.Span, outcome string, err error) {
 			attribute.Bool(AttrReplayed, outcome == "replay" || outcome == "failed"))
 	}
 	if err != nil {
+		var coded interface{ SQLState() string }
+		if errors.As(err, &coded) {
+			span.SetAttributes(attribute.String(AttrDBStatusCode, coded.SQLState()))
+		}
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 	}

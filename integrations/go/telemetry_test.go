@@ -133,7 +133,8 @@ func TestSpansRunAndParent(t *testing.T) {
 	bad := opts
 	bad.Lease = "not an interval"
 	_, _, err := idempotency.Run(ctx, appDB, tenant, "otel-run-2", fn, bad)
-	expectSpans(t, "a call that fails", spanTexts(exporter), dbClaim+" status=Error")
+	expectSpans(t, "a call that fails: its SQLSTATE (pgx's driver says it)", spanTexts(exporter),
+		dbClaim+" db.response.status_code=22007 status=Error")
 	if err == nil {
 		t.Error("a lease that is not an interval is an error")
 	}
