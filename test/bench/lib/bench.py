@@ -85,6 +85,7 @@ class Bench:
         self.redis = {}
         self.pg = None
         self.meter = None
+        self.driver = None
 
     def next_run_id(self):
         self.run_id += 1
@@ -112,17 +113,24 @@ class Bench:
         })
         log(f"starting PostgreSQL on 127.0.0.1:{base} in {self.work}")
         self.pg.start()
+        if not self.runs_rounds():
+            # --only 9 and/or 10: none of the rounds' servers, tables or roles
+            if self.special("9"):
+                self.build_driver()
+            admin = self.pg.connect("postgres")
+            admin.cursor().execute("CREATE DATABASE bench")
+            admin.close()
+            self.meter = Meter(self.pg, "bench")
+            self.meter.q("CREATE EXTENSION idempotency")
+            self.has_claim_many = False
+            return
         for name, port, aof in (("default", base + 10, False), ("aof", base + 11, True)):
             self.redis[name] = Redis(self.work, port, aof)
             self.redis[name].start()
         log(f"redis-server on 127.0.0.1:{base + 10} (default persistence) and "
             f":{base + 11} (AOF everysec)")
 
-        self.driver = os.path.join(self.work, "load_driver")
-        incdir = run([os.path.join(PG_BIN, "pg_config"), "--includedir"]).strip()
-        run(["cc", "-O2", "-Wall", "-o", self.driver,
-             os.path.join(BENCH_DIR, "load_driver.c"), f"-I{incdir}",
-             "-lpq", "-lhiredis", "-lpthread"])
+        self.build_driver()
 
         admin = self.pg.connect("postgres")
         for db in ("bench", "bench_replay") + tenant_isolation.DATABASES:
@@ -153,6 +161,13 @@ class Bench:
         m = self.meter
         self.has_claim_many = m.q1("SELECT to_regproc('idem_claim_many') IS NOT NULL")
         claim_single_script(os.path.join(self.work, "11-claim-single.pgbench"))
+
+    def build_driver(self):
+        self.driver = os.path.join(self.work, "load_driver")
+        incdir = run([os.path.join(PG_BIN, "pg_config"), "--includedir"]).strip()
+        run(["cc", "-O2", "-Wall", "-o", self.driver,
+             os.path.join(BENCH_DIR, "load_driver.c"), f"-I{incdir}",
+             "-lpq", "-lhiredis", "-lpthread"])
 
     def store_replays(self, db):
         replay = self.pg.connect(db)
@@ -245,8 +260,22 @@ class Bench:
         return ([("on", i) for i in sel(ORDER_ON)] + [("off", i) for i in sel(off)]
                 + [("on", i) for i in sel(ORDER_S0)])
 
+    def runs_rounds(self):
+        """Do any throughput rounds run (not with --only 9, 10 or 9,10)?"""
+        return self.args.only is None or any(
+            i not in ("9", "10") for i in self.args.only.split(","))
+
+    def special(self, sid):
+        """Does scenario 9 or 10 run?  Not with --skip-special; with --only,
+        when it is named (with --only 10 alone no round runs either)."""
+        if self.args.skip_special:
+            return False
+        return self.args.only is None or sid in self.args.only.split(",")
+
     def rounds(self):
         order = self.order()
+        if not order:
+            return
         for n in range(1, self.profile["rounds"] + 1):
             log(f"round {n}/{self.profile['rounds']}: {len(order)} runs")
             for table, sid in order:
@@ -305,7 +334,8 @@ def main():
                     help="PostgreSQL on this port, Redis on +10 and +11")
     ap.add_argument("--results", default=os.path.join(BENCH_DIR, "results"))
     ap.add_argument("--rounds", type=int, help="override the number of rounds")
-    ap.add_argument("--only", help="comma-separated scenario ids (for debugging)")
+    ap.add_argument("--only", help="comma-separated scenario ids, 9 (sweep) and 10 (storage) "
+                    "included: only these run (for debugging; --only 10 measures storage alone)")
     ap.add_argument("--skip-special", action="store_true", help="skip scenarios 9 and 10")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = ap.parse_args()
@@ -319,7 +349,7 @@ def main():
     try:
         bench.start()
         bench.rounds()
-        if not args.skip_special:
+        if bench.special("9"):
             try:
                 sweep = scenario_sweep.run(bench.pg, BENCH_DIR, bench.driver, RESPONSE,
                                            bench.profile["sweep_rows"],
@@ -327,6 +357,7 @@ def main():
             except Exception as e:                   # report, keep the rest
                 errors.append(f"scenario 9 failed: {e}")
                 traceback.print_exc()
+        if bench.special("10"):
             try:
                 storage = scenario_storage.run(bench.pg, BENCH_DIR, RESPONSE,
                                                bench.profile["storage_rows"],
@@ -337,7 +368,8 @@ def main():
         pg_version = bench.meter.q1("SHOW server_version")
         ext_version = bench.meter.q1(
             "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")
-        redis_version = bench.redis["default"].version()
+        redis_version = (bench.redis["default"].version() if bench.redis
+                         else "not started")
     finally:
         bench.stop()
 
@@ -349,7 +381,8 @@ def main():
         "machine": machine(),
         "pg": pg_version, "redis": redis_version, "ext": ext_version, "git": git_describe(),
         "command": "test/bench/run" + (" --quick" if args.quick else "")
-                   + (f" --pg {PG_MAJOR}" if RESULTS_SUFFIX else ""),
+                   + (f" --pg {PG_MAJOR}" if RESULTS_SUFFIX else "")
+                   + (f" --only {args.only}" if args.only else ""),
         "rounds": p["rounds"],
         "durations": (f"{d['write']} s per write run with synchronous_commit on, {d['off']} s "
                       f"with it off, {d['read']} s per read-only or batch run, {d['s0']} s "
@@ -363,7 +396,9 @@ def main():
                  else "",
         "notes": notes(p),
     }
-    s11_note = None if bench.has_claim_many else "skipped: idem_claim_many not installed"
+    s11_note = (None if bench.has_claim_many else
+                "skipped: idem_claim_many not installed" if bench.runs_rounds() else
+                f"not run (--only {args.only})")
     if s11_note:
         print(s11_note)
     summary = report.aggregate(bench.runs)
@@ -372,24 +407,30 @@ def main():
         md += "\n### Errors\n\n" + "\n".join(f"- {e}" for e in errors) + "\n"
 
     os.makedirs(args.results, exist_ok=True)
-    stem = ("latest" if mode == "default" else "quick") + RESULTS_SUFFIX
+    # a run of some scenarios (--only) never replaces a full run's results
+    stem = ("latest" if mode == "default" else "quick") + RESULTS_SUFFIX \
+        + ("-only" if args.only else "")
     out = {ext: os.path.join(args.results, f"{stem}.{ext}") for ext in ("md", "csv", "png")}
+    if not bench.runs:             # --only 9 or 10: no ratio to draw
+        del out["png"]
     with open(out["md"], "w") as f:
         f.write(md + "\n")
     report.write_csv(out["csv"], summary, sweep, storage)
     report.write_runs_csv(os.path.join(args.results, f"{stem}-runs.csv"), bench.runs)
-    report.write_chart(out["png"], summary, bench.runs, BENCH_DIR,
-                       f"{meta['machine']}; PostgreSQL {pg_version}; {meta['command']}")
+    if "png" in out:
+        report.write_chart(out["png"], summary, bench.runs, BENCH_DIR,
+                           f"{meta['machine']}; PostgreSQL {pg_version}; {meta['command']}")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     for ext, path in out.items():
-        shutil.copy(path, os.path.join(args.results, f"{stamp}-{mode}{RESULTS_SUFFIX}.{ext}"))
+        shutil.copy(path, os.path.join(args.results, f"{stamp}-{mode}{RESULTS_SUFFIX}"
+                                       f"{'-only' if args.only else ''}.{ext}"))
 
     print()
     print(md)
     print()
     shown = os.environ.get("IDEM_BENCH_RESULTS_SHOWN", args.results)
     print(f"results: " + ", ".join(os.path.join(shown, os.path.basename(out[e]))
-                                   for e in ("md", "csv", "png"))
+                                   for e in out)
           + f" ({(time.time() - started) / 60:.1f} min)")
     return 1 if errors else 0
 
