@@ -113,7 +113,7 @@ SELECT status FROM orders WHERE key = 'ro-a';
 -- more claims than are held in memory: every one is seen, none is lost
 BEGIN;
 SELECT count(*) FILTER (WHERE outcome = 'claimed') AS claimed
-  FROM generate_series(1, 40) g, idem_claim('cap', 'k' || g);
+  FROM generate_series(1, 150) g, idem_claim('cap', 'k' || g);
 SELECT count(*) AS records FROM idempotency_records WHERE tenant_id = 'cap';
 COMMIT;
 SELECT count(*) AS committed FROM idempotency_records WHERE tenant_id = 'cap';
