@@ -205,14 +205,12 @@ typedef struct FreshInsert
 	int			to;
 } FreshInsert;
 
-static void
-insert_fresh(void *arg)
+static uint64
+insert_fresh(FreshInsert *f)
 {
-	FreshInsert *f = arg;
-
-	idem_store_insert_many(f->tenant_id, f->keys, f->tokens, f->fps, f->now,
-						   f->lease_end, f->ttl_us, f->speculative,
-						   record_inserted, f->batch);
+	return idem_store_insert_many(f->tenant_id, f->keys, f->tokens, f->fps, f->now,
+								  f->lease_end, f->ttl_us, f->speculative,
+								  record_inserted, f->batch);
 }
 
 /*
@@ -253,17 +251,18 @@ leave_out_keys_taken(Batch *batch, int from, int to)
  * lock, which this batch holds, so only a record written around the lock
  * (directly into the table) can meet it: its unique violation becomes the
  * error a held claim reports for the same (held.c), and the transaction
- * rolls back.
+ * rolls back.  So all n go in, and the INSERT returns none of them.
  */
 static void
-insert_free_keys(FreshInsert *f)
+insert_free_keys(FreshInsert *f, int n)
 {
 	MemoryContext caller_context = CurrentMemoryContext;
+	volatile uint64 inserted = 0;
 
 	f->speculative = false;
 	PG_TRY();
 	{
-		insert_fresh(f);
+		inserted = insert_fresh(f);
 	}
 	PG_CATCH();
 	{
@@ -283,6 +282,13 @@ insert_free_keys(FreshInsert *f)
 				 errhint("This transaction is rolled back; the key's outcome belongs to the other record.")));
 	}
 	PG_END_TRY();
+
+	if (inserted != (uint64) n)
+		elog(ERROR, "INSERT of a batch's keys wrote " UINT64_FORMAT " rows of %d",
+			 inserted, n);
+	for (int i = f->from; i < f->to; i++)
+		if (f->batch->keys[i].locked)
+			f->batch->keys[i].inserted = true;
 }
 
 /*
@@ -387,11 +393,11 @@ insert_locked_keys(FreshInsert *f, int n, bool lets_locks_go)
 	if (idem_store_distributed())
 		insert_each_fresh(f);
 	else if (lets_locks_go)
-		insert_free_keys(f);
+		insert_free_keys(f, n);
 	else
 	{
 		f->speculative = true;
-		insert_fresh(f);
+		(void) insert_fresh(f);
 	}
 }
 

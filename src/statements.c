@@ -94,12 +94,14 @@ const IdemStatement idem_statements[NUM_QUERIES] = {
 		RESULT(TEXTOID),
 	},
 
-	/* the same without speculative insertion: any existing key is an error */
+	/*
+	 * the same without speculative insertion: any existing key is an error,
+	 * so every key goes in and none needs returning
+	 */
 	[Q_INSERT_MANY_PLAIN] = {
-		.text = INSERT_MANY " RETURNING key",
+		.text = INSERT_MANY,
 		ARGS(TEXTOID, TEXTARRAYOID, INT8ARRAYOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
 			INTERVALOID, TEXTARRAYOID),
-		RESULT(TEXTOID),
 	},
 
 	[Q_INSERT] = {

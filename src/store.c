@@ -135,12 +135,14 @@ idem_store_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot)
 
 /*
  * Insert fresh processing records for a batch of keys (keys text[],
- * tokens bigint[], fingerprints text[] of the same length).  inserted(i) is
- * called with each key that went in; the others exist already.  Without
- * speculative insertion an existing key raises a unique violation instead
- * (claim_many.c makes it the lost-claim error, ID002).
+ * tokens bigint[], fingerprints text[] of the same length).  With
+ * speculative insertion, inserted(arg, key) is called with each key that
+ * went in; the others exist already.  Without it every key goes in, or an
+ * existing key raises a unique violation (claim_many.c makes it the
+ * lost-claim error, ID002), and inserted is not called: the INSERT returns
+ * nothing, which saves a row per key.  Returns how many went in.
  */
-void
+uint64
 idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
 					   Datum fingerprints, TimestampTz now,
 					   TimestampTz lease_expires_at, int64 ttl_us,
@@ -159,6 +161,8 @@ idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
 	values[6] = fingerprints;
 	n = idem_store_run(speculative ? Q_INSERT_MANY : Q_INSERT_MANY_PLAIN, values,
 				  "       ", false, 0);
+	if (!speculative)
+		return n;
 
 	for (uint64 i = 0; i < n; i++)
 	{
@@ -168,6 +172,7 @@ idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
 
 		inserted(arg, (text *) DatumGetPointer(key));
 	}
+	return n;
 }
 
 /*

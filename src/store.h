@@ -9,12 +9,12 @@
 
 extern bool idem_store_read(const IdemKey *k, IdemRecord *rec,
 							bool fresh_snapshot);
-extern void idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
-								   Datum fingerprints, TimestampTz now,
-								   TimestampTz lease_expires_at, int64 ttl_us,
-								   bool speculative,
-								   void (*inserted) (void *arg, text *key),
-								   void *arg);
+extern uint64 idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
+									 Datum fingerprints, TimestampTz now,
+									 TimestampTz lease_expires_at, int64 ttl_us,
+									 bool speculative,
+									 void (*inserted) (void *arg, text *key),
+									 void *arg);
 extern bool idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
 							  TimestampTz now, TimestampTz lease_expires_at,
 							  int64 ttl_us);
