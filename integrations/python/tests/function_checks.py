@@ -19,6 +19,7 @@ import psycopg
 
 from idempotency_pg import (IdempotencyInProgressError, IdempotencyKeyError, IdempotencyPayloadMismatchError,
                             IdempotencyStoredFailureError, idempotent_function)
+from idempotency_pg.core import _MISSING as MISSING, lookup, parse_path
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS consumer_effects (
@@ -237,6 +238,14 @@ def check_basic(check, admin, app):
 
 
 def check_paths_tenants_results(check, admin, app):
+    event = {"items": [1, 2], "amount": 5, "note": "x", "job": Job(3, {"n": 1})}
+    found = {path: lookup(event, parse_path(path))
+             for path in ("items.count", "amount.real", "note.upper", "job.job_id", "job.payload.n")}
+    check(found["items.count"] is found["amount.real"] is found["note.upper"] is MISSING
+          and found["job.job_id"] == 3 and found["job.payload.n"] == 1,
+          "paths: a name never reads a method or an attribute of a list, number or string"
+          " (items.count, amount.real, note.upper are missing, as in Node.js); a dataclass's fields are read",
+          repr(found))
     message = {"Records": [{"queue": "orders-queue", "body": {"message_id": "m-1"}}]}
     r1, r2 = h.consume(app, message), h.consume(app, message)
     rec = record(admin, "orders-queue", "m-1")

@@ -215,7 +215,10 @@ def parse_path(path: str) -> tuple:
 
 def lookup(event: Any, steps: Sequence) -> Any:
     """The value at steps in event (mappings by key, sequences by index,
-    other objects by attribute), or _MISSING."""
+    other objects, such as dataclasses and pydantic models, by attribute),
+    or _MISSING.  A name never reads a method or an attribute of a
+    sequence, string, number or None ('items.count', 'amount.real' are
+    missing, as in the Node.js package and JMESPath)."""
     value = event
     for step in steps:
         if isinstance(step, int):
@@ -230,8 +233,10 @@ def lookup(event: Any, steps: Sequence) -> Any:
                 return _MISSING
             value = value[step]
         else:
+            if value is None or isinstance(value, (str, bytes, int, float, Sequence)):
+                return _MISSING
             value = getattr(value, step, _MISSING)
-            if value is _MISSING:
+            if value is _MISSING or callable(value):
                 return _MISSING
     return value
 
