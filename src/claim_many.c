@@ -123,6 +123,7 @@ typedef struct Batch
 	int			nkeys;
 	int		   *sorted;			/* element indexes, sorted by key */
 	IdemClaimArgs args;			/* fingerprint: set per element */
+	Oid			token_sequence;
 	TimestampTz now;
 	TimestampTz lease_end;
 } Batch;
@@ -311,11 +312,11 @@ insert_each_fresh(FreshInsert *f)
 
 /*
  * Take the key lock of each free key among elements [from, to), without
- * waiting (a busy key is decided later: in_progress), and give it a token.
- * Returns how many were locked.
+ * waiting (a busy key is decided later: in_progress).  Returns how many
+ * were locked.
  */
 static int
-lock_free_keys(Batch *batch, int from, int to, TimestampTz now)
+lock_free_keys(Batch *batch, int from, int to)
 {
 	int			locked = 0;
 
@@ -327,16 +328,19 @@ lock_free_keys(Batch *batch, int from, int to, TimestampTz now)
 			idem_keylock_try(&bk->k, 0) == IDEM_KEYLOCK_BUSY)
 			continue;
 		bk->locked = true;
-		bk->token = idem_fresh_token(idem_store_token_sequence(), now);
 		locked++;
 	}
 	return locked;
 }
 
-/* Point f at the n locked keys among its elements of the batch. */
+/*
+ * Give the n locked keys among f's elements of the batch their tokens,
+ * reserved at once, and point f at them.
+ */
 static void
 set_insert_arrays(FreshInsert *f, int n)
 {
+	int64		token = idem_fresh_tokens(f->batch->token_sequence, f->now, n);
 	text	  **keys = palloc(sizeof(text *) * n);
 	text	  **fps = palloc(sizeof(text *) * n);
 	bool	   *fp_isnull = palloc(sizeof(bool) * n);
@@ -351,6 +355,8 @@ set_insert_arrays(FreshInsert *f, int n)
 
 		if (!bk->locked)
 			continue;
+		bk->token = token;
+		token += 2;
 		keys[j] = bk->k.key;
 		fps[j] = bk->fingerprint;
 		fp_isnull[j] = bk->fingerprint == NULL;
@@ -502,7 +508,7 @@ batch_insert_free_keys(Batch *batch)
 		FreshInsert f = {.tenant_id = batch->tenant_id, .now = batch->now,
 			.lease_end = batch->lease_end, .ttl_us = batch->args.ttl_us, .batch = batch,
 		.from = from, .to = Min(from + chunk, batch->nkeys)};
-		int			locked = lock_free_keys(batch, f.from, f.to, batch->now);
+		int			locked = lock_free_keys(batch, f.from, f.to);
 
 		if (locked > 0)
 			insert_locked_keys(&f, locked, lets_locks_go);
@@ -619,6 +625,7 @@ idem_claim_many(PG_FUNCTION_ARGS)
 	idem_held_write_all();
 	idem_store_begin(fcinfo);
 
+	batch.token_sequence = idem_store_token_sequence();
 	batch.now = GetCurrentTimestamp();
 	batch.lease_end = idem_add_duration(batch.now, batch.args.lease_us, "lease");
 	batch_insert_free_keys(&batch);

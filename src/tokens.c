@@ -523,6 +523,17 @@ idem_fresh_token(Oid sequence, TimestampTz now)
 }
 
 /*
+ * n fresh tokens at once (idem_claim_many's chunk of keys): the first is
+ * returned, the others follow 2 apart.  Each is greater than every token
+ * handed out before, plus one, as n calls of idem_fresh_token would give.
+ */
+int64
+idem_fresh_tokens(Oid sequence, TimestampTz now, int n)
+{
+	return reserve(sequence, now, n, 0);
+}
+
+/*
  * The token after old, for a takeover (or a release without a failure):
  * old + 1, with every later fresh token kept above it, even when old was
  * never handed out here (a record written around the functions).  The

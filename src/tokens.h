@@ -9,6 +9,7 @@
 
 extern void idem_tokens_request_shmem(void);
 extern int64 idem_fresh_token(Oid sequence, TimestampTz now);
+extern int64 idem_fresh_tokens(Oid sequence, TimestampTz now, int n);
 extern int64 idem_successor_token(Oid sequence, TimestampTz now, int64 old);
 
 #endif							/* IDEM_TOKENS_H */
