@@ -217,15 +217,17 @@ insert_fresh(FreshInsert *f)
 /*
  * Leave out the locked keys among elements [from, to) that have a row,
  * found by a probe of the key index (what the INSERT's unique check would
- * find).  A row another batch in flight inserted (it has no lock holder)
- * makes its key in_progress; any other row is read and decided later, as
- * a key the INSERT missed.  Their locks are given back.  Returns how many
- * stay locked: those the INSERT can take without a conflict.
+ * find), one scan rescanned per key.  A row another batch in flight
+ * inserted (it has no lock holder) makes its key in_progress; any other
+ * row is read and decided later, as a key the INSERT missed.  Their locks
+ * are given back.  Returns how many stay locked: those the INSERT can take
+ * without a conflict.
  */
 static int
 leave_out_keys_taken(Batch *batch, int from, int to)
 {
 	int			locked = 0;
+	IdemKeyProbe *probe = idem_direct_probe_begin();
 
 	for (int i = from; i < to; i++)
 	{
@@ -234,7 +236,7 @@ leave_out_keys_taken(Batch *batch, int from, int to)
 
 		if (!bk->locked)
 			continue;
-		if (idem_direct_key_taken(&bk->k, &inserter))
+		if (idem_direct_probe_key(probe, &bk->k, &inserter))
 		{
 			idem_keylock_release(&bk->k);
 			bk->locked = false;
@@ -243,6 +245,7 @@ leave_out_keys_taken(Batch *batch, int from, int to)
 		else
 			locked++;
 	}
+	idem_direct_probe_end(probe);
 	return locked;
 }
 

@@ -291,6 +291,37 @@ idem_direct_probe_available(void)
 	return OidIsValid(read_index) && !read_table_distributed;
 }
 
+/* A probe of the key index, open for one key or many (idem_claim_many's). */
+struct IdemKeyProbe
+{
+	SnapshotData dirty;
+	Relation	heap;
+	Relation	index;
+	IndexScanDesc scan;
+	TupleTableSlot *slot;
+};
+
+/*
+ * Open a probe of the key index (see idem_direct_probe_key), or NULL where
+ * none can be made (idem_direct_probe_available).  The table, its index
+ * and a scan are opened once, and each key rescans.
+ */
+IdemKeyProbe *
+idem_direct_probe_begin(void)
+{
+	IdemKeyProbe *p;
+
+	if (!idem_direct_probe_available())
+		return NULL;
+	p = palloc(sizeof(IdemKeyProbe));
+	InitDirtySnapshot(p->dirty);
+	p->heap = table_open(read_table, AccessShareLock);
+	p->index = index_open(read_index, AccessShareLock);
+	p->slot = table_slot_create(p->heap, NULL);
+	p->scan = idem_index_beginscan(p->heap, p->index, &p->dirty, 2);
+	return p;
+}
+
 /*
  * Probe the key index for k with a dirty snapshot, as the unique check of
  * an INSERT does before it would wait or conflict: like that check, it
@@ -299,40 +330,25 @@ idem_direct_probe_available(void)
  * committed one (whatever the caller's snapshot shows), this
  * transaction's own, or one another transaction has inserted and not yet
  * ended; for the last, *inserter is set to that transaction's top-level
- * ID (otherwise InvalidTransactionId).
+ * ID (otherwise InvalidTransactionId).  With no probe (NULL), false.
  */
 bool
-idem_direct_key_taken(const IdemKey *k, TransactionId *inserter)
+idem_direct_probe_key(IdemKeyProbe *p, const IdemKey *k, TransactionId *inserter)
 {
-	SnapshotData dirty;
-	Relation	heap;
-	Relation	index;
-	IndexScanDesc scan;
-	TupleTableSlot *slot;
 	ScanKeyData keys[2];
 	bool		taken = false;
 
 	*inserter = InvalidTransactionId;
-	if (!idem_direct_probe_available())
+	if (p == NULL)
 		return false;
-
-	InitDirtySnapshot(dirty);
-	heap = table_open(read_table, AccessShareLock);
-	index = index_open(read_index, AccessShareLock);
-	key_scan_keys(index, k, keys);
-	slot = table_slot_create(heap, NULL);
-	scan = idem_index_beginscan(heap, index, &dirty, 2);
-	index_rescan(scan, keys, 2, NULL, 0);
+	key_scan_keys(p->index, k, keys);
+	index_rescan(p->scan, keys, 2, NULL, 0);
 	while (!TransactionIdIsValid(*inserter) &&
-		   index_getnext_slot(scan, ForwardScanDirection, slot))
+		   index_getnext_slot(p->scan, ForwardScanDirection, p->slot))
 	{
 		taken = true;
-		*inserter = dirty.xmin; /* set when the inserter is still running */
+		*inserter = p->dirty.xmin;	/* set when the inserter is still running */
 	}
-	index_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
-	index_close(index, NoLock);
-	table_close(heap, NoLock);
 
 	/*
 	 * The row may come from a subtransaction (a claim written after a
@@ -342,6 +358,29 @@ idem_direct_key_taken(const IdemKey *k, TransactionId *inserter)
 	 */
 	if (TransactionIdIsValid(*inserter))
 		*inserter = SubTransGetTopmostTransaction(*inserter);
+	return taken;
+}
+
+void
+idem_direct_probe_end(IdemKeyProbe *p)
+{
+	if (p == NULL)
+		return;
+	index_endscan(p->scan);
+	ExecDropSingleTupleTableSlot(p->slot);
+	index_close(p->index, NoLock);
+	table_close(p->heap, NoLock);
+	pfree(p);
+}
+
+/* idem_direct_probe_key of one key. */
+bool
+idem_direct_key_taken(const IdemKey *k, TransactionId *inserter)
+{
+	IdemKeyProbe *p = idem_direct_probe_begin();
+	bool		taken = idem_direct_probe_key(p, k, inserter);
+
+	idem_direct_probe_end(p);
 	return taken;
 }
 

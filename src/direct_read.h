@@ -17,4 +17,10 @@ extern bool idem_direct_probe_available(void);
 extern TransactionId idem_direct_inserter(const IdemKey *k);
 extern bool idem_direct_key_taken(const IdemKey *k, TransactionId *inserter);
 
+typedef struct IdemKeyProbe IdemKeyProbe;
+extern IdemKeyProbe *idem_direct_probe_begin(void);
+extern bool idem_direct_probe_key(IdemKeyProbe *p, const IdemKey *k,
+								  TransactionId *inserter);
+extern void idem_direct_probe_end(IdemKeyProbe *p);
+
 #endif							/* IDEM_DIRECT_READ_H */
