@@ -411,15 +411,14 @@ def main():
     stem = ("latest" if mode == "default" else "quick") + RESULTS_SUFFIX \
         + ("-only" if args.only else "")
     out = {ext: os.path.join(args.results, f"{stem}.{ext}") for ext in ("md", "csv", "png")}
-    if not bench.runs:             # --only 9 or 10: no ratio to draw
-        del out["png"]
+
     with open(out["md"], "w") as f:
         f.write(md + "\n")
     report.write_csv(out["csv"], summary, sweep, storage)
     report.write_runs_csv(os.path.join(args.results, f"{stem}-runs.csv"), bench.runs)
-    if "png" in out:
-        report.write_chart(out["png"], summary, bench.runs, BENCH_DIR,
-                           f"{meta['machine']}; PostgreSQL {pg_version}; {meta['command']}")
+    if not report.write_chart(out["png"], summary, bench.runs, BENCH_DIR,
+                              f"{meta['machine']}; PostgreSQL {pg_version}; {meta['command']}"):
+        del out["png"]             # an --only run without a ratio of the chart
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     for ext, path in out.items():
         shutil.copy(path, os.path.join(args.results, f"{stamp}-{mode}{RESULTS_SUFFIX}"

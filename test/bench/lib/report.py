@@ -372,14 +372,20 @@ def gnuplot_terminal():
 
 
 def write_chart(path, summary, runs, bench_dir, subtitle):
+    """The PNG bar chart of the ratios; False (and no file) when the runs
+    have none of them (an --only run)."""
+    rows = []
+    for sid, ref, label in CHART_ROWS:
+        vals = []
+        for table in ("on", "off"):
+            r = ratio_between(runs, table, sid, ref)
+            vals.append("?" if r is None else f"{r:.3f}")
+        rows.append(f"{label}\t{vals[0]}\t{vals[1]}\n")
+    if all(row.endswith("\t?\t?\n") for row in rows):
+        return False
     data = path + ".dat"
     with open(data, "w") as f:
-        for sid, ref, label in CHART_ROWS:
-            vals = []
-            for table in ("on", "off"):
-                r = ratio_between(runs, table, sid, ref)
-                vals.append("?" if r is None else f"{r:.3f}")
-            f.write(f"{label}\t{vals[0]}\t{vals[1]}\n")
+        f.writelines(rows)
     term = gnuplot_terminal()
     res = subprocess.run(
         ["gnuplot", "-e",
@@ -389,3 +395,4 @@ def write_chart(path, summary, runs, bench_dir, subtitle):
     os.remove(data)
     if res.returncode != 0:
         raise RuntimeError("gnuplot failed: " + res.stderr)
+    return True
