@@ -559,7 +559,17 @@ RETURNS bigint[]
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
+DECLARE
+    last bigint := pg_sequence_last_value('@extschema@.idempotency_tokens'::regclass);
 BEGIN
+    -- At the top of bigint, the C edition's error (22003), checked before:
+    -- nextval would fail with its own (2200H) after moving the sequence.
+    IF last > 9223372036854775807 - 2 * n THEN
+        RAISE EXCEPTION 'no fresh fencing token is left in this database' USING ERRCODE = '22003',
+            DETAIL = CASE WHEN n = 1
+                          THEN format('A fresh token must be at least the last token handed out, %s, plus two, and that is above the largest bigint, 9223372036854775807.', last)
+                          ELSE format('A batch''s fresh tokens must start at least two above the last token handed out, %s, and %s tokens two apart from there pass the largest bigint, 9223372036854775807.', last, n) END;
+    END IF;
     -- two nextval per token, the larger kept (GREATEST evaluates both)
     IF n = 1 THEN
         RETURN ARRAY[GREATEST(nextval('@extschema@.idempotency_tokens'::regclass),
