@@ -111,6 +111,8 @@ typedef struct BatchKey
 	bool		locked;			/* we hold its key lock */
 	bool		lock_given_back;	/* locked for the INSERT, which it missed */
 	bool		inserted;		/* claimed by the bulk insert */
+	bool		has_row;		/* the probe found a row of it */
+	bool		row_in_flight;	/* ... inserted by a transaction still running */
 	bool		decided;		/* outcome known from its record */
 	int64		token;			/* fresh token, when it goes to the bulk insert */
 	IdemClaimResult res;
@@ -214,10 +216,24 @@ insert_fresh(FreshInsert *f)
 								  record_inserted, f->batch);
 }
 
+/* A row of a locked key, found by the probe (idem_direct_probe_keys). */
+static void
+record_taken(void *arg, text *key, TransactionId inserter)
+{
+	Batch	   *batch = (Batch *) arg;
+	int			i = find_element(batch, key);
+
+	if (i < 0 || !batch->keys[i].locked)
+		return;
+	batch->keys[i].has_row = true;
+	if (TransactionIdIsValid(inserter))
+		batch->keys[i].row_in_flight = true;
+}
+
 /*
  * Leave out the locked keys among elements [from, to) that have a row,
  * found by a probe of the key index (what the INSERT's unique check would
- * find), one scan rescanned per key.  A row another batch in flight
+ * find), one search for them all.  A row another batch in flight
  * inserted (it has no lock holder) makes its key in_progress; any other
  * row is read and decided later, as a key the INSERT missed.  Their locks
  * are given back.  Returns how many stay locked: those the INSERT can take
@@ -227,25 +243,32 @@ static int
 leave_out_keys_taken(Batch *batch, int from, int to)
 {
 	int			locked = 0;
+	int			n = 0;
+	text	  **keys = palloc(sizeof(text *) * (to - from));
 	IdemKeyProbe *probe = idem_direct_probe_begin();
+
+	for (int i = from; i < to; i++)
+		if (batch->keys[i].locked)
+			keys[n++] = batch->keys[i].k.key;
+	idem_direct_probe_keys(probe, batch->tenant_id, keys, n, record_taken, batch);
+	idem_direct_probe_end(probe);
+	pfree(keys);
 
 	for (int i = from; i < to; i++)
 	{
 		BatchKey   *bk = &batch->keys[i];
-		TransactionId inserter;
 
 		if (!bk->locked)
 			continue;
-		if (idem_direct_probe_key(probe, &bk->k, &inserter))
+		if (bk->has_row)
 		{
 			idem_keylock_release(&bk->k);
 			bk->locked = false;
-			bk->lock_given_back = !TransactionIdIsValid(inserter);
+			bk->lock_given_back = !bk->row_in_flight;
 		}
 		else
 			locked++;
 	}
-	idem_direct_probe_end(probe);
 	return locked;
 }
 

@@ -37,9 +37,11 @@
 #include "access/xact.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_opfamily.h"
+#include "catalog/pg_type.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "utils/acl.h"
+#include "utils/array.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
@@ -57,6 +59,7 @@
 /* Where each column the read returns is in the table (0: not there). */
 typedef struct RecordColumns
 {
+	AttrNumber	key;
 	AttrNumber	status;
 	AttrNumber	token;
 	AttrNumber	fingerprint;
@@ -110,6 +113,7 @@ idem_direct_read_attach(Oid table, Oid key_index, bool distributed,
 	read_isolation_setting = isolation_setting;
 	read_table_distributed = distributed;
 	read_index = key_index_usable(key_index) ? key_index : InvalidOid;
+	columns.key = get_attnum(table, "key");
 	columns.status = get_attnum(table, "status");
 	columns.token = get_attnum(table, "token");
 	columns.fingerprint = get_attnum(table, "fingerprint");
@@ -359,6 +363,47 @@ idem_direct_probe_key(IdemKeyProbe *p, const IdemKey *k, TransactionId *inserter
 	if (TransactionIdIsValid(*inserter))
 		*inserter = SubTransGetTopmostTransaction(*inserter);
 	return taken;
+}
+
+/*
+ * idem_direct_probe_key for n keys of one tenant in one search of the
+ * index ("tenant_id = $1 AND key = ANY ($2)"), which meets the keys in
+ * index order: keys that sort near each other share the pages it reads
+ * (on PostgreSQL 17 and later also its descents from the root).  For
+ * every row it finds, taken(arg, key, inserter) is called, inserter set as
+ * idem_direct_probe_key sets it; a key may have several rows.  With no
+ * probe (NULL), nothing is called.
+ */
+void
+idem_direct_probe_keys(IdemKeyProbe *p, text *tenant_id, text **keys, int n,
+					   void (*taken) (void *arg, text *key, TransactionId inserter),
+					   void *arg)
+{
+	ScanKeyData scankeys[2];
+	ArrayType  *array;
+
+	if (p == NULL || n == 0)
+		return;
+	array = construct_array((Datum *) keys, n, TEXTOID, -1, false, TYPALIGN_INT);
+	ScanKeyEntryInitialize(&scankeys[0], 0, 1, BTEqualStrategyNumber, InvalidOid,
+						   p->index->rd_indcollation[0], F_TEXTEQ,
+						   PointerGetDatum(tenant_id));
+	ScanKeyEntryInitialize(&scankeys[1], SK_SEARCHARRAY, 2, BTEqualStrategyNumber,
+						   InvalidOid, p->index->rd_indcollation[1], F_TEXTEQ,
+						   PointerGetDatum(array));
+	index_rescan(p->scan, scankeys, 2, NULL, 0);
+	while (index_getnext_slot(p->scan, ForwardScanDirection, p->slot))
+	{
+		TransactionId inserter = p->dirty.xmin;
+		bool		isnull;
+		Datum		key = slot_getattr(p->slot, columns.key, &isnull);
+
+		idem_check_not_null(isnull, "key");
+		if (TransactionIdIsValid(inserter))
+			inserter = SubTransGetTopmostTransaction(inserter);
+		taken(arg, DatumGetTextPP(key), inserter);
+	}
+	pfree(array);
 }
 
 void

@@ -21,6 +21,11 @@ typedef struct IdemKeyProbe IdemKeyProbe;
 extern IdemKeyProbe *idem_direct_probe_begin(void);
 extern bool idem_direct_probe_key(IdemKeyProbe *p, const IdemKey *k,
 								  TransactionId *inserter);
+extern void idem_direct_probe_keys(IdemKeyProbe *p, text *tenant_id,
+								   text **keys, int n,
+								   void (*taken) (void *arg, text *key,
+												  TransactionId inserter),
+								   void *arg);
 extern void idem_direct_probe_end(IdemKeyProbe *p);
 
 #endif							/* IDEM_DIRECT_READ_H */
