@@ -31,6 +31,8 @@ args = None
 # the SQL edition's SECURITY DEFINER helpers (docs/managed.md, "Grants")
 DEFINER_HELPERS = ('idem_sql_fresh_tokens(integer)', 'idem_sql_successor_token(bigint)',
                    'idem_sql_isolation_setting()')
+# and the monitoring functions of 1.3, EXECUTE to pg_monitor (as the C edition's)
+MONITORING = ('idem_metrics()', 'idem_metrics_tenants(integer)')
 
 
 def connect(user, autocommit=True, options=None):
@@ -63,6 +65,110 @@ def claim(conn, tenant, key, fp=None, lease=None, ttl=None, wait=None):
     return one(conn, 'SELECT outcome, token, response, expires_at, recovery_point, state'
                      ' FROM idem_claim(%s, %s, %s, %s::interval, %s::interval, %s::interval)',
                (tenant, key, fp, lease, ttl, wait))
+
+
+def metrics(su, owner, app, op, nobody, cron_ran):
+    """idem_metrics() and idem_metrics_tenants(top) (1.3): each gauge moved by a
+    real load, the sweeper's columns from pg_cron, the lock table's fill, no
+    counters (NULL), who may call, 22023."""
+    s = args.schema
+    one(su, 'DROP ROLE IF EXISTS idem_scraper')
+    one(su, 'CREATE ROLE idem_scraper LOGIN IN ROLE pg_monitor')
+    one(owner, 'GRANT USAGE ON SCHEMA %s TO idem_scraper' % s)
+    mon = connect('idem_scraper')
+    cols = ('claims_in_progress', 'oldest_claim_age_seconds', 'stuck_claims', 'resumable_records',
+            'expired_unswept_records')
+
+    def gauges(conn=mon):
+        return one(conn, 'SELECT ' + ', '.join(cols) + ' FROM idem_metrics()')
+
+    one(su, 'DELETE FROM idempotency_records')
+    check(gauges() == (0, 0.0, 0, 0, 0), 'idem_metrics() on an empty table: every gauge 0', gauges())
+    r = one(mon, 'SELECT datname, claimed_total, replays_total, in_progress_total, mismatches_total, failed_total,'
+                 ' takeovers_total, last_sweep_removed, stats_reset FROM idem_metrics()')
+    check(r == (args.dbname,) + (None,) * 8, 'the counters, last_sweep_removed and stats_reset are NULL'
+          ' (no shared memory: docs/managed.md difference 2)', r)
+    # the sweeper's columns: pg_cron's runs of this schema's idem_sweep
+    runs = one(su, "SELECT count(*), count(*) FILTER (WHERE status = 'failed'), max(start_time)"
+                   " FROM cron.job_run_details WHERE database = current_database()"
+                   " AND command LIKE %s AND status IN ('succeeded', 'failed')",
+               ('SELECT * FROM %s.idem_sweep(%%' % s,)) if one(su, "SELECT to_regclass('cron.job_run_details')")[0] \
+        else None
+    r = one(mon, 'SELECT sweeps_total, sweep_errors_total, last_sweep_at, last_sweep_seconds >= 0 FROM idem_metrics()')
+    if runs is None:
+        check(r == (None, None, None, None), 'without pg_cron the sweeper\'s columns are NULL', r)
+    else:
+        check(r[:3] == runs and (r[3] is None) == (runs[2] is None) and (runs[0] >= 1 or not cron_ran),
+              'sweeps_total, sweep_errors_total, last_sweep_at: pg_cron\'s finished runs of idem_sweep (%d%s)'
+              % (runs[0], ', the job pg_cron ran above' if cron_ran else ''), (r, runs))
+
+    # a load: 20 live claims in three tenants, 2 stuck, 1 resumable, 4 expired
+    t0 = time.time()
+    for tenant, n in (('mtr1', 12), ('mtr2', 5), ('mtr3', 3)):
+        for i in range(n):
+            claim(app, tenant, 'live-%d' % i)
+    check(gauges()[0] == 20 and gauges()[2:] == (0, 0, 0), '20 claims: claims_in_progress 20, nothing else',
+          gauges())
+    for i in range(2):
+        claim(app, 'mtr2', 'stuck-%d' % i, lease='1 ms')
+    t = claim(app, 'mtr3', 'multi', lease='1 ms')[1]
+    one(app, "SELECT idem_checkpoint('mtr3', 'multi', %s, 'step-1', NULL, '1 ms')", (t,))
+    for i in range(4):
+        t = claim(app, 'mtr1', 'short-%d' % i, ttl='1 ms')[1]
+        one(app, "SELECT idem_complete('mtr1', %s, %s)", ('short-%d' % i, t))
+    time.sleep(0.1)
+    g = gauges()
+    check(g[0] == 22 and g[2:] == (2, 1, 4), 'claims_in_progress 22 (stuck ones included), stuck_claims 2,'
+          ' resumable_records 1, expired_unswept_records 4', g)
+    check(0.1 <= g[1] <= time.time() - t0 + 0.01, 'oldest_claim_age_seconds: the age of the first claim', g[1])
+    time.sleep(0.2)
+    check(gauges()[1] >= g[1] + 0.2, 'and it grows', (g[1], gauges()[1]))
+    ten = rows(mon, 'SELECT tenant, claims_in_progress, oldest_claim_age_seconds > 0, conflicts_total'
+                    ' FROM idem_metrics_tenants(2)')
+    check(ten == [('mtr1', 12, True, None), ('mtr2', 7, True, None)],
+          'idem_metrics_tenants(2): the two tenants with the most claims in progress, conflicts_total NULL', ten)
+    check(len(rows(mon, 'SELECT * FROM idem_metrics_tenants()')) == 3 and
+          rows(mon, 'SELECT tenant FROM idem_metrics_tenants(100)') == [('mtr1',), ('mtr2',), ('mtr3',)],
+          'the default (10) and top = 100: every tenant with claims in progress, the busiest first')
+    # the sweep takes the stuck claims and the expired records; the resumable one stays
+    one(op, 'SELECT idem_sweep()')
+    check(gauges()[0] == 20 and gauges()[2:] == (0, 1, 0), 'after idem_sweep(): 20 claims, none stuck, 1 resumable,'
+          ' nothing expired left', gauges())
+    for i in range(5):
+        one(app, "SELECT idem_complete('mtr1', %s, (SELECT token FROM idem_lookup('mtr1', %s)))",
+            ('live-%d' % i, 'live-%d' % i))
+    check(gauges()[0] == 15, 'completing 5 claims: 15 in progress', gauges())
+
+    # under tenant isolation, pg_monitor counts every tenant, without any right on the table
+    one(owner, "SELECT idem_set_tenant_isolation(true)")
+    check(gauges()[0] == 15 and len(rows(mon, 'SELECT * FROM idem_metrics_tenants(10)')) == 3,
+          'isolation on: a pg_monitor member still counts every tenant\'s claims (SECURITY DEFINER)', gauges())
+    e = error(mon, 'SELECT count(*) FROM idempotency_records')
+    check(e is not None and e[0] == '42501', 'while it may not read the table (42501)', e)
+    one(owner, "SELECT idem_set_tenant_isolation(false)")
+    for who, conn in (('the application role', app), ('a role without grants', nobody)):
+        for call in ('SELECT * FROM idem_metrics()', 'SELECT * FROM idem_metrics_tenants()'):
+            e = error(conn, call)
+            check(e is not None and e[0] == '42501', '%s may not call %s (42501: pg_monitor only)'
+                  % (who, call.split()[3]), e)
+    for top in ('0', '101', 'NULL', '-1'):
+        e = error(mon, 'SELECT * FROM idem_metrics_tenants(%s)' % top)
+        check(e == ('22023', 'top must be between 1 and 100'), 'idem_metrics_tenants(%s): 22023' % top, e)
+
+    # the lock table's fill moves with the locks a transaction holds
+    before = one(mon, 'SELECT lock_table_used_ratio FROM idem_metrics()')[0]
+    locker = connect('idem_scraper', autocommit=False)
+    one(locker, 'SELECT count(pg_advisory_xact_lock(i)) FROM generate_series(1, 2000) i')
+    during = one(mon, 'SELECT lock_table_used_ratio FROM idem_metrics()')[0]
+    locker.rollback()
+    locker.close()
+    after = one(mon, 'SELECT lock_table_used_ratio FROM idem_metrics()')[0]
+    check(0 <= before < 0.1 and before + 0.1 < during < 1 and after < during - 0.1,
+          'lock_table_used_ratio: 2,000 advisory locks held move it up, releasing them down', (before, during, after))
+    mon.close()
+    one(su, 'DELETE FROM idempotency_records')
+    one(owner, 'REVOKE ALL ON SCHEMA %s FROM idem_scraper' % s)
+    one(su, 'DROP ROLE idem_scraper')
 
 
 def run():
@@ -116,6 +222,8 @@ def run():
         'idem_drop_index': 'index_name text -> boolean',
         'idem_current_tenant': 'setting text -> text',
         'idem_distribute': 'shard_count integer DEFAULT NULL::integer -> void',
+        'idem_metrics': 'OUT datname text, OUT claimed_total bigint, OUT replays_total bigint, OUT in_progress_total bigint, OUT mismatches_total bigint, OUT failed_total bigint, OUT takeovers_total bigint, OUT claims_in_progress bigint, OUT oldest_claim_age_seconds double precision, OUT stuck_claims bigint, OUT resumable_records bigint, OUT expired_unswept_records bigint, OUT sweeps_total bigint, OUT sweep_errors_total bigint, OUT last_sweep_at timestamp with time zone, OUT last_sweep_seconds double precision, OUT last_sweep_removed bigint, OUT lock_table_used_ratio double precision, OUT stats_reset timestamp with time zone -> record',
+        'idem_metrics_tenants': 'top integer DEFAULT 10, OUT tenant text, OUT claims_in_progress bigint, OUT oldest_claim_age_seconds double precision, OUT conflicts_total bigint -> SETOF record',
     }
     for name, sig in expected.items():
         check(sigs.get(name) == sig, 'signature of %s' % name, sigs.get(name))
@@ -325,13 +433,14 @@ def run():
                         " (SELECT array_agg(CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END"
                         "  ORDER BY 1) FROM aclexplode(p.proacl) a WHERE a.grantee <> p.proowner)"
                         " FROM pg_proc p WHERE p.pronamespace = %s::regnamespace AND p.prosecdef ORDER BY 1", (s,))
-    check(sorted(d[0] for d in definers) == sorted(DEFINER_HELPERS), 'the SECURITY DEFINER functions are the three'
-          ' helpers', [d[0] for d in definers])
+    check(sorted(d[0] for d in definers) == sorted(DEFINER_HELPERS + MONITORING), 'the SECURITY DEFINER functions are'
+          ' the three helpers and the two monitoring functions', [d[0] for d in definers])
     check(all(d[1] == ['search_path=pg_catalog, pg_temp'] for d in definers),
           'each SECURITY DEFINER helper pins search_path = pg_catalog, pg_temp', [d[1] for d in definers])
-    want = {'idem_sql_isolation_setting()': ['app', 'idem_operator']}
+    want = {'idem_sql_isolation_setting()': ['app', 'idem_operator'],
+            'idem_metrics()': ['pg_monitor'], 'idem_metrics_tenants(integer)': ['pg_monitor']}
     check(all(d[2] == want.get(d[0], ['app']) for d in definers),
-          'none is executable by PUBLIC; each only by the roles of docs/managed.md\'s grants',
+          'none is executable by PUBLIC; each only by the roles of docs/managed.md\'s grants (monitoring: pg_monitor)',
           [(d[0], d[2]) for d in definers])
     for call in ('SELECT idem_sql_fresh_tokens(1)', 'SELECT idem_sql_successor_token(9223372036854775806)',
                  'SELECT idem_sql_isolation_setting()'):
@@ -489,6 +598,8 @@ def run():
               'idem_unschedule_sweep removes it (true), then false')
     else:
         check(False, 'pg_cron is installed in the test database')
+
+    metrics(su, owner, app, op, nobody, have_cron and seconds)
 
     # ---- docs/managed.md: every ```sql-edition block runs here, as the owner
     if args.docs:

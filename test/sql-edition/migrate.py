@@ -176,9 +176,10 @@ def after_move(edition, st, su, before, mark_before, tag):
                        " CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END"
                        " FROM pg_proc p, aclexplode(p.proacl) a WHERE p.pronamespace = %s::regnamespace"
                        " AND p.prosecdef AND a.grantee <> p.proowner ORDER BY 1, 2", (args.schema,))
-        want = sorted((h, APP) for h in HELPERS)
-        check(acl == want, 'after to-sql: the SECURITY DEFINER helpers are granted to %s (it may claim),'
-              ' not to PUBLIC' % APP, acl)
+        want = sorted([(h, APP) for h in HELPERS] +
+                      [('idem_metrics()', 'pg_monitor'), ('idem_metrics_tenants(integer)', 'pg_monitor')])
+        check(acl == want, 'after to-sql: the SECURITY DEFINER helpers are granted to %s (it may claim), the'
+              ' monitoring functions to pg_monitor, none to PUBLIC' % APP, acl)
     after = snapshot(su)
     held = [r for r in after if r[1] == 'held-' + tag]
     # besides the records before: the claim committed while the move waited,
@@ -245,7 +246,7 @@ def run():
     ex(su, "CREATE ROLE %s LOGIN" % APP)
     ex(su, "CREATE SCHEMA %s AUTHORIZATION %s" % (args.schema, args.owner))
     subprocess.run(['psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-v', 'schema=' + args.schema, '-f',
-                    os.path.join(ROOT, 'sql-edition', 'idempotency_sql--1.2.sql'),
+                    os.path.join(ROOT, 'sql-edition', 'idempotency_sql--1.3.sql'),
                     '-h', args.host, '-p', str(args.port), '-U', args.owner, '-d', args.dbname],
                    check=True, stdout=subprocess.DEVNULL)
     owner = connect(args.owner)

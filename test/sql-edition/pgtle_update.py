@@ -2,12 +2,16 @@
 """pg_tle's update path for the SQL edition (run by test/suites/36-sql-edition).
 
 On a server preloading pg_tle where idempotency_sql 1.2 was registered by
---admin (a pgtle_admin member, not a superuser) and created with CREATE
-EXTENSION by --owner in --schema: records in every state are written, the
-update path 1.2 -> --to (the file --update, made by sql-edition/build
---update-to) is registered by --admin, ALTER EXTENSION idempotency_sql
-UPDATE is run by --owner, and the records, their tokens and the claims in
-flight must come through unchanged and go on working; then DROP EXTENSION
+--admin (a pgtle_admin member, not a superuser) from the 1.2 release's
+wrapper (test/sql-edition/idempotency_sql--1.2-pgtle.sql, the file
+sql-edition/build made for 1.2, kept unchanged for this test) and created
+with CREATE EXTENSION by --owner in --schema: records in every state are
+written, the next release's wrapper --update (sql-edition/idempotency_sql--
+1.3-pgtle.sql: version --to and the update path 1.2 -> --to) is run by
+--admin, ALTER EXTENSION idempotency_sql UPDATE is run by --owner, and the
+records, their tokens and the claims in flight must come through unchanged
+and go on working, every function of 1.2 re-created in place, the
+monitoring functions of 1.3 added with their grants; then DROP EXTENSION
 leaves nothing behind (after pg_dump -Fc / pg_restore of the database into
 a new one: the same version, records, token mark and isolation), CREATE
 EXTENSION installs the new default version,
@@ -86,15 +90,27 @@ def run():
     procs_after = dict(rows(su, "SELECT oid::int, xmin::text FROM pg_proc WHERE pronamespace = %s::regnamespace",
                             (args.schema,)))
     rewritten = [o for o in procs_before if procs_after.get(o) not in (None, procs_before[o])]
-    check(set(procs_after) == set(procs_before) and len(rewritten) == len(procs_before),
-          'the update script re-created every function in place (%d, same OIDs)' % len(rewritten),
+    check(set(procs_before) <= set(procs_after) and len(rewritten) == len(procs_before),
+          'the update script re-created every function of 1.2 in place (%d, same OIDs)' % len(rewritten),
           (len(procs_before), len(procs_after), len(rewritten)))
+    added = [r[0] for r in rows(su, "SELECT proname FROM pg_proc WHERE pronamespace = %s::regnamespace"
+                                    " AND oid::int <> ALL (%s) ORDER BY 1", (args.schema, list(procs_before)))]
+    check(added == ['idem_metrics', 'idem_metrics_tenants', 'idem_sql_metrics_window'],
+          'and added the monitoring functions of 1.3', added)
+    grants = rows(su, "SELECT p.proname, a.grantee::regrole::text FROM pg_proc p, aclexplode(p.proacl) a"
+                      " WHERE p.pronamespace = %s::regnamespace AND p.proname LIKE 'idem\\_metrics%%'"
+                      " AND a.grantee <> p.proowner ORDER BY 1, 2", (args.schema,))
+    check(grants == [('idem_metrics', 'pg_monitor'), ('idem_metrics_tenants', 'pg_monitor')],
+          'idem_metrics and idem_metrics_tenants: EXECUTE to pg_monitor only', grants)
+    m = one(su, "SELECT claims_in_progress, stuck_claims, resumable_records, claimed_total FROM idem_metrics()")
+    check(m == (3, 1, 0, None), 'idem_metrics() after the update: the 3 claims in flight, the stale one stuck,'
+          ' no counters (NULL)', m)
     check(snapshot(owner) == before, 'every record is unchanged by the update (%d records)' % len(before))
     public = rows(su, "SELECT p.proname FROM pg_proc p, aclexplode(p.proacl) a WHERE p.pronamespace = %s::regnamespace"
                       " AND p.prosecdef AND a.grantee = 0", (args.schema,))
     check(public == [] and one(su, "SELECT count(*) FROM pg_proc WHERE pronamespace = %s::regnamespace AND prosecdef",
-                               (args.schema,))[0] == 3,
-          'after the update the SECURITY DEFINER helpers are still not executable by PUBLIC', public)
+                               (args.schema,))[0] == 5,
+          'after the update no SECURITY DEFINER function (3 helpers, 2 monitoring) is executable by PUBLIC', public)
 
     # the records go on working, tokens still increase per key
     def looked(key):
@@ -159,11 +175,11 @@ def run():
                (args.schema, args.schema, args.schema))[0]
     check(left == 0, 'DROP EXTENSION idempotency_sql removes every object of the schema', left)
 
-    # created again (1.2, then the update path to the default 1.2.1), and
+    # created again (the default, the new version), and
     # moved to the C extension with sql-edition/migrate to-c
     ex(owner, "CREATE EXTENSION idempotency_sql SCHEMA %s" % args.schema)
     check(one(owner, "SELECT extversion FROM pg_extension WHERE extname = 'idempotency_sql'")[0] == args.to,
-          'CREATE EXTENSION idempotency_sql installs the default %s (1.2 and the update path)' % args.to)
+          'CREATE EXTENSION idempotency_sql installs the default %s' % args.to)
     _, t_done = claim(owner, 'done')
     ex(owner, "SELECT idem_complete('t', 'done', %s, '{\"ok\": 1}')", (t_done,))
     _, t_live = claim(owner, 'live', '10 minutes')
