@@ -13,12 +13,13 @@ DECLARE
 -- idempotency, SQL edition 1.3: the contract of the C extension's 1.3 API in
 -- SQL and PL/pgSQL only, for servers that load no C extension of ours.
 --
--- THE SOURCE.  sql-edition/build makes the two installable files from this
+-- THE SOURCE.  sql-edition/build makes the installable files from this
 -- one: idempotency_sql--1.3.sql (a plain script for psql -f, run by the
--- role that owns the target schema) and idempotency_sql--1.3-pgtle.sql
+-- role that owns the target schema), idempotency_sql--1.3-pgtle.sql
 -- (registers 1.3 with pg_tle, and the update path 1.2 -> 1.3: the objects
 -- between "-- @new 1.3" and "-- @end", every other function re-created
--- with CREATE OR REPLACE).  Lines ending in "-- @tle-only" are kept only in
+-- with CREATE OR REPLACE) and idempotency_sql--1.2--1.3.sql (that update
+-- for the plain route).  Lines ending in "-- @tle-only" are kept only in
 -- the pg_tle install (they need CREATE EXTENSION); @extschema@ is the
 -- target schema, quoted.
 --
