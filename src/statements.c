@@ -77,6 +77,21 @@
 	TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, XIDOID, TEXTOID, JSONBOID
 #define SWEPT_COLUMNS BOOLOID, TIMESTAMPTZOID
 
+/*
+ * One sweep batch: up to $2 rows expired at $1 whose expiry is $3 or later,
+ * in expiry order (filter: which of them), taken with lock; the DELETE
+ * keeps those that pass recheck.  Returns SWEPT_COLUMNS: returned (a stale
+ * claim?) and the expiry.
+ */
+#define SWEEP_BATCH(filter, lock, recheck, returned) \
+	"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY(" \
+	" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1" \
+	" AND expires_at OPERATOR(pg_catalog.>=) $3" filter \
+	" ORDER BY expires_at LIMIT $2" lock "))" recheck \
+	" RETURNING" returned ", expires_at"
+#define UNLOCKED_RECHECK(filter) \
+	" AND xmax" EQ "'0'::pg_catalog.xid AND expires_at OPERATOR(pg_catalog.<=) $1" filter
+
 const IdemStatement idem_statements[NUM_QUERIES] = {
 	[Q_READ] = {
 		.text =
@@ -220,24 +235,36 @@ const IdemStatement idem_statements[NUM_QUERIES] = {
 	 * a live claim, and re-check the expiry on the newest row version.
 	 */
 	[Q_SWEEP_ALL] = {
-		.text =
-		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
-		" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-		" AND expires_at OPERATOR(pg_catalog.>=) $3"
-		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
-		" RETURNING" STALE_CLAIM ", expires_at",
+		.text = SWEEP_BATCH("", " FOR UPDATE SKIP LOCKED", "", STALE_CLAIM),
 		ARGS(TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID),
 		RESULT(SWEPT_COLUMNS),
 	},
 
 	[Q_SWEEP_TERMINAL] = {
-		.text =
-		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
-		" SELECT ctid FROM %1$s WHERE expires_at OPERATOR(pg_catalog.<=) $1"
-		" AND expires_at OPERATOR(pg_catalog.>=) $3"
-		" AND NOT" STALE_CLAIM
-		" ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED))"
-		" RETURNING false, expires_at",
+		.text = SWEEP_BATCH(" AND NOT" STALE_CLAIM, " FOR UPDATE SKIP LOCKED", "", " false"),
+		ARGS(TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID),
+		RESULT(SWEPT_COLUMNS),
+	},
+
+	/*
+	 * The same batches without the row locks, for the rows that were neither
+	 * locked nor changed since they were written (xmax 0): nearly every
+	 * expired row.  Locking a row before deleting it writes its page and a
+	 * WAL record twice.  A row whose xmax is set is left to the locking
+	 * statement above (idem_store_sweep_expired, store_sweep.c), so this
+	 * one meets a live claim only when the claim locked the row after the
+	 * batch read it, a race its caller bounds with lock_timeout.  The
+	 * DELETE checks the expiry again on whichever row version it deletes.
+	 */
+	[Q_SWEEP_ALL_UNLOCKED] = {
+		.text = SWEEP_BATCH("", "", UNLOCKED_RECHECK(""), STALE_CLAIM),
+		ARGS(TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID),
+		RESULT(SWEPT_COLUMNS),
+	},
+
+	[Q_SWEEP_TERMINAL_UNLOCKED] = {
+		.text = SWEEP_BATCH(" AND NOT" STALE_CLAIM, "",
+							UNLOCKED_RECHECK(" AND NOT" STALE_CLAIM), " false"),
 		ARGS(TIMESTAMPTZOID, INT4OID, TIMESTAMPTZOID),
 		RESULT(SWEPT_COLUMNS),
 	},

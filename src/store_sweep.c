@@ -21,15 +21,16 @@
 #include "statements.h"
 #include "store_attach.h"
 #include "store_sweep.h"
+#include "subxact.h"
 
 /*
  * Count the stale claims among the n rows a sweep statement returned
- * (status = 'processing', expires_at) and advance *from to the latest expiry.
+ * (status = 'processing', expires_at) into *stale_released and advance
+ * *from to the latest expiry.
  */
 static void
 read_swept_rows(uint64 n, TimestampTz *from, uint64 *stale_released)
 {
-	*stale_released = 0;
 	for (uint64 i = 0; i < n; i++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[i];
@@ -46,28 +47,87 @@ read_swept_rows(uint64 n, TimestampTz *from, uint64 *stale_released)
 }
 
 /*
+ * How long a batch that deletes rows without locking them may wait for a
+ * claim that locked one of them after the batch read it, before the batch
+ * is run with the locking statement instead (which skips that row).  Such
+ * a claim holds the row until its transaction ends; the batch holds the
+ * rows it deleted meanwhile, and claims of those expired keys wait for it.
+ */
+#define UNLOCKED_BATCH_WAIT_MS 10
+
+typedef struct UnlockedBatch
+{
+	IdemQuery	query;
+	Datum	   *values;
+	uint64		deleted;
+} UnlockedBatch;
+
+static void
+delete_unlocked_batch(void *arg)
+{
+	UnlockedBatch *batch = (UnlockedBatch *) arg;
+
+	idem_step_lock_timeout(UNLOCKED_BATCH_WAIT_MS);
+	batch->deleted = idem_store_run(batch->query, batch->values, "   ", false, 0);
+}
+
+/*
  * Delete one batch of expired records, those expiring at or after *from
  * (each batch starts where the previous one ended, so a pass never walks
  * the index entries of rows it already deleted).  With
  * include_stale_claims, expired claims go too (stale_action = release) and
- * are counted in *stale_released.  Returns the number of rows deleted and
- * advances *from.
+ * are counted in *stale_released.  Returns the number of rows deleted,
+ * sets *full when the batch found batch_size rows to delete (the pass goes
+ * on), and advances *from.
+ *
+ * The batch first deletes the rows never locked or changed since they
+ * were written, without locking them (Q_SWEEP_ALL_UNLOCKED, statements.c):
+ * it writes half as much.  When that leaves the batch short (the end of
+ * the backlog, or rows it left to the lock), or it met a row a claim had
+ * just locked (it waits UNLOCKED_BATCH_WAIT_MS at most, or loses a
+ * deadlock, and its deletes are undone), the locking statement takes the
+ * same range, skipping rows that live claims hold: a sweep never waits on
+ * a claim.
  */
 uint64
 idem_store_sweep_expired(TimestampTz now, int batch_size,
 						 bool include_stale_claims, TimestampTz *from,
-						 uint64 *stale_released)
+						 uint64 *stale_released, bool *full)
 {
+	static const int wait_ended[] = {ERRCODE_LOCK_NOT_AVAILABLE,
+	ERRCODE_T_R_DEADLOCK_DETECTED};
 	Datum		values[3];
-	uint64		n;
+	UnlockedBatch batch;
+	TimestampTz last = *from;
+	uint64		n = 0;
+	uint64		m;
 
 	values[0] = TimestampTzGetDatum(now);
 	values[1] = Int32GetDatum(batch_size);
 	values[2] = TimestampTzGetDatum(*from);
-	n = idem_store_run(include_stale_claims ? Q_SWEEP_ALL : Q_SWEEP_TERMINAL,
-				  values, "   ", false, 0);
-	read_swept_rows(n, from, stale_released);
-	return n;
+	*stale_released = 0;
+
+	batch.query = include_stale_claims ? Q_SWEEP_ALL_UNLOCKED : Q_SWEEP_TERMINAL_UNLOCKED;
+	batch.values = values;
+	if (idem_try_in_subtransaction(delete_unlocked_batch, &batch,
+								   wait_ended, lengthof(wait_ended)))
+	{
+		n = batch.deleted;
+		read_swept_rows(n, &last, stale_released);
+		if (n >= (uint64) batch_size)
+		{
+			*from = last;
+			*full = true;
+			return n;
+		}
+	}
+
+	m = idem_store_run(include_stale_claims ? Q_SWEEP_ALL : Q_SWEEP_TERMINAL,
+					   values, "   ", false, 0);
+	read_swept_rows(m, &last, stale_released);
+	*from = last;
+	*full = m >= (uint64) batch_size;
+	return n + m;
 }
 
 /*
@@ -87,6 +147,7 @@ idem_store_sweep_group(TimestampTz at, bool include_stale_claims,
 
 	n = idem_store_run(include_stale_claims ? Q_SWEEP_GROUP_ALL : Q_SWEEP_GROUP_TERMINAL,
 				  values, " ", false, 0);
+	*stale_released = 0;
 	read_swept_rows(n, &last, stale_released);
 	return n;
 }

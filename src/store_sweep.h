@@ -7,11 +7,12 @@
 
 #include "idempotency.h"
 
-/* sweep batches: one statement each, returns rows affected */
+/* sweep batches: returns rows affected */
 extern uint64 idem_store_sweep_expired(TimestampTz now, int batch_size,
 									   bool include_stale_claims,
 									   TimestampTz *from,
-									   uint64 *stale_released);
+									   uint64 *stale_released,
+									   bool *full);
 
 extern uint64 idem_store_sweep_group(TimestampTz at, bool include_stale_claims,
 									 uint64 *stale_released);

@@ -66,11 +66,13 @@ idem_sweep_batch(int batch_size, IdemSweepCursor *cursor,
 	uint64		failed = 0;
 	uint64		released;
 	uint64		deleted;
+	bool		full;
 
 	if (fail_stale)
 		failed = idem_store_sweep_fail_stale(now, batch_size);
 	deleted = idem_store_sweep_expired(now, batch_size, !fail_stale,
-									   &cursor->expired_from, &released);
+									   &cursor->expired_from, &released,
+									   &full);
 
 	/*
 	 * Within one transaction the rows deleted so far stay in the index, and
@@ -80,7 +82,7 @@ idem_sweep_batch(int batch_size, IdemSweepCursor *cursor,
 	 * that commit one by one let those entries be skipped instead, and keep
 	 * their transactions short.)
 	 */
-	if (cursor->one_transaction && deleted == (uint64) batch_size)
+	if (cursor->one_transaction && full)
 	{
 		uint64		group_released;
 
@@ -91,7 +93,7 @@ idem_sweep_batch(int batch_size, IdemSweepCursor *cursor,
 	}
 
 	add_swept(counts, deleted - released, released, failed);
-	return deleted >= (uint64) batch_size || failed == (uint64) batch_size;
+	return full || failed == (uint64) batch_size;
 }
 
 static void
