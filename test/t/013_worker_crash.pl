@@ -56,6 +56,16 @@ sub pid_of
 		"SELECT pid FROM pg_stat_activity WHERE backend_type = '$type'");
 }
 
+# After the reinitialisation, wait until the server takes connections
+# again: a psql that poll_query_until starts meanwhile exits at once ("the
+# database system is in recovery mode"), and IPC::Run then dies writing the
+# query to its closed stdin (Broken pipe) instead of polling again.
+sub wait_ready
+{
+	my ($offset) = @_;
+	$node->wait_for_log(qr/database system is ready to accept connections/, $offset);
+}
+
 # poll until a process of this type runs with another pid than $old
 sub wait_new_pid
 {
@@ -86,6 +96,7 @@ my $log_offset = -s $node->logfile;
 kill 'KILL', $launcher;
 ok($node->wait_for_log(qr/all server processes terminated; reinitializing/, $log_offset),
 	'kill -9 of the launcher: the postmaster reinitialises');
+wait_ready($log_offset);
 my $new_launcher = wait_new_pid('idempotency sweeper launcher', $launcher);
 ok(defined $new_launcher, 'the launcher runs again');
 add_expired(500, 'after-kill9-launcher');
@@ -101,6 +112,7 @@ $log_offset = -s $node->logfile;
 kill 'KILL', $worker;
 ok($node->wait_for_log(qr/all server processes terminated; reinitializing/, $log_offset),
 	'kill -9 of a worker: the postmaster reinitialises');
+wait_ready($log_offset);
 ok(defined wait_new_pid('idempotency sweeper launcher', $launcher),
 	'the launcher runs again');
 wait_swept('after kill -9 of a worker');
