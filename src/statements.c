@@ -89,8 +89,17 @@
 	" AND expires_at OPERATOR(pg_catalog.>=) $3" filter \
 	" ORDER BY expires_at LIMIT $2" lock "))" recheck \
 	" RETURNING" returned ", expires_at"
+/*
+ * The expiry is rechecked as a function call, not an operator: the planner
+ * cannot take it for an index condition.  With statistics that predate a
+ * backlog (expiries all in the future), an operator looked selective
+ * enough that the DELETE walked the whole backlog in the expires_at index,
+ * testing each entry against the batch's ctids, instead of fetching the
+ * batch by ctid: 12 s and more for one batch of a 3,000,000-row backlog.
+ */
 #define UNLOCKED_RECHECK(filter) \
-	" AND xmax" EQ "'0'::pg_catalog.xid AND expires_at OPERATOR(pg_catalog.<=) $1" filter
+	" AND xmax" EQ "'0'::pg_catalog.xid" \
+	" AND pg_catalog.timestamptz_le(expires_at, $1)" filter
 
 const IdemStatement idem_statements[NUM_QUERIES] = {
 	[Q_READ] = {
