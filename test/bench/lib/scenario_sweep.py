@@ -89,9 +89,12 @@ def last_sweep(pg):
     return row
 
 
-def sweep_by_worker(pg, backlog, driver, response, run_id, log, start_timeout=5.0):
-    """Returns (seconds, latency) or None when no worker swept.  The claim
-    load's window runs from the moment the sweeper worker of DB is seen
+def sweep_by_worker(pg, backlog, driver, response, run_id, log, start_timeout=60.0):
+    """Returns (seconds, latency) or None when no worker swept.  The
+    launcher sweeps the databases one after another, so DB's turn can come
+    after long passes elsewhere (the other scenarios' expired claims): up to
+    start_timeout.  The claim load's window runs from the moment the sweeper
+    worker of DB is seen
     connected (polled every 2 ms from the reload on) to the moment it has
     exited; the sweep's seconds are the pass's own, from idem_metrics().
     The interval goes back to 0 after the window, since a reload signals
@@ -109,6 +112,12 @@ def sweep_by_worker(pg, backlog, driver, response, run_id, log, start_timeout=5.
         if not seen and running:
             seen = True
             load.start_window()
+            waited = time.time() - asked
+            if waited > 1:
+                # the launcher sweeps one database after another: the
+                # others' passes came first
+                log(f"scenario 9: the sweeper reached {DB} {waited:.1f} s after "
+                    "sweep_interval = 1")
         elif seen and not running:
             break
         elif not seen and time.time() - asked > start_timeout:
@@ -116,11 +125,15 @@ def sweep_by_worker(pg, backlog, driver, response, run_id, log, start_timeout=5.
         time.sleep(0.002)
     lat = load.stop()
     pass_ = last_sweep(pg) if seen else None
+    if not seen:
+        cur.execute("SELECT backend_type, datname, state, wait_event_type, wait_event, query FROM pg_stat_activity "
+                    "WHERE backend_type LIKE 'idempotency%'")
+        sweepers = cur.fetchall()
     set_sweep_interval(pg, 0)
     conn.close()
     if not seen:
-        log("scenario 9: no sweeper worker removed anything within "
-            f"{start_timeout:.0f} s of sweep_interval = 1")
+        log("scenario 9: no sweeper worker of the database appeared within "
+            f"{start_timeout:.0f} s of sweep_interval = 1; sweeper processes: {sweepers!r}")
         return None
     seconds, removed = pass_
     if removed != backlog.rows:
