@@ -46,9 +46,9 @@ class Backlog:
         with conn.cursor() as cur:
             cur.execute("TRUNCATE idempotency_records, payments")
             cur.execute("SELECT now() - interval '2 hours', now() - interval '1 hour'")
-            self.t0, self.t1 = cur.fetchone()
+            expires_from, expires_to = cur.fetchone()
             cur.execute("CALL fill_final_rows('idempotency_records', 'sweep', 1, %s, "
-                        "%s, %s, %s)", (self.rows, self.response, self.t0, self.t1))
+                        "%s, %s, %s)", (self.rows, self.response, expires_from, expires_to))
             cur.execute("VACUUM ANALYZE idempotency_records")
             cur.execute("CHECKPOINT")
         conn.close()
@@ -193,10 +193,6 @@ def one_round(pg, backlog, driver, response, idle_seconds, next_run_id, log):
     return r
 
 
-def median(values):
-    return statistics.median(values)
-
-
 def run(pg, bench_dir, driver, response, rows, idle_seconds, next_run_id, log, rounds=3):
     """rounds rounds of idle / sweep / DELETE; each figure is the median over
     the rounds.  One sweep of the backlog lasts little more than a second, so
@@ -212,11 +208,11 @@ def run(pg, bench_dir, driver, response, rows, idle_seconds, next_run_id, log, r
                                    next_run_id, log))
     result = {"rows": rows, "batch": BATCH, "rounds": rounds, "how": per_round[0]["how"]}
     for kind in ("idle", "during_sweep", "during_delete"):
-        result[kind] = {m: median([r[kind][m] for r in per_round])
+        result[kind] = {m: statistics.median([r[kind][m] for r in per_round])
                         for m in ("p50_ms", "p99_ms")}
         result[kind]["p99_rounds"] = [r[kind]["p99_ms"] for r in per_round]
-    result["sweep_s"] = median([r["sweep_s"] for r in per_round])
-    result["delete_s"] = median([r["delete_s"] for r in per_round])
+    result["sweep_s"] = statistics.median([r["sweep_s"] for r in per_round])
+    result["delete_s"] = statistics.median([r["delete_s"] for r in per_round])
     result["sweep_rows_s"] = rows / result["sweep_s"]
     result["delete_rows_s"] = rows / result["delete_s"]
     return result
