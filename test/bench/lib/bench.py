@@ -63,7 +63,7 @@ PROFILES = {
 
 ORDER_ON = ["1", "1b", "2", "3", "4", "5", "8", "1c", "1cp", "2c", "2f", "6", "6a",
             "7a", "7b", "7c", "7d", "2t", "2n", "1bt", "7at", "7bt", "7as", "7bs",
-            "11a", "11b", "11c", "11d"]
+            "11a", "11b", "11c", "11d", "11e", "11f"]
 ORDER_OFF = ["1", "1b", "2", "3", "4", "5", "8", "1c", "1cp", "2c", "2f", "6", "6a"]
 ORDER_S0 = ["0b", "0x", "0c", "0r", "0cp", "0f"]
 
@@ -251,7 +251,7 @@ class Bench:
     def order(self):
         skip = set()
         if not self.has_claim_many:
-            skip |= {"11a", "11b", "11c", "11d"}
+            skip |= {"11a", "11b", "11c", "11d", "11e", "11f"}
         only = set(self.args.only.split(",")) if self.args.only else None
 
         def sel(ids):

@@ -5,7 +5,7 @@ C load driver (load_driver.c) for the Redis pattern and its twins.  `ref`
 names the scenario each one's ratio is taken against, within the same
 round: the bare business transaction of the same harness, or for the
 replay rows the plain primary-key SELECT.  bench.py decides which scenarios
-also run with synchronous_commit off, and skips 11a/11b when idem_claim_many
+also run with synchronous_commit off, and skips scenario 11 when idem_claim_many
 is not installed.
 
 The secure rows (issue 34) run in databases of their own with tenant
@@ -113,6 +113,13 @@ SCENARIOS = [
     Scenario("11d", "500 idem_claim calls in one transaction, one client", "pgbench",
              "11-claim-single.pgbench", ref="11d", round_trips="502", unit="keys/s", per_op=500,
              clients=1, duration="write"),
+    # issue 39: what bounds 11a and 11c, the same rows by a plain INSERT
+    Scenario("11e", "bound: a plain INSERT of the same 500 rows, nothing checked, one client",
+             "pgbench", "11-insert-plain.pgbench", ref="11d", round_trips="3", unit="keys/s",
+             per_op=500, clients=1, duration="write"),
+    Scenario("11f", "bound: the same plain INSERT, 16 clients", "pgbench",
+             "11-insert-plain.pgbench", ref="11b", round_trips="3", unit="keys/s", per_op=500,
+             clients=16, duration="read"),
     # scenario 0: the seed articles' own set-up
     Scenario("0b", "articles' set-up: 50 clients, 50 ms work, no idempotency", "pgbench",
              "0-bare-50ms.pgbench", clients=50, work_ms=50, ref="0b", round_trips="3",

@@ -27,6 +27,10 @@ CREATE TABLE storm_payments (LIKE payments INCLUDING ALL);
 -- RETURNING, business write, UPDATE completed).
 CREATE TABLE lean_records (LIKE idempotency_records INCLUDING ALL);
 
+-- 11e, 11f: the bound of a batch claim, the same rows written by one plain
+-- INSERT with nothing checked (issue 39).
+CREATE TABLE batch_plain (LIKE idempotency_records INCLUDING ALL);
+
 -- 4: the seed articles' pattern (SELECT ... FOR UPDATE, INSERT started,
 -- business write, UPDATE completed).
 CREATE TABLE article_records (LIKE idempotency_records INCLUDING ALL);
