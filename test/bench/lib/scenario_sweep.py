@@ -194,8 +194,8 @@ def one_round(pg, backlog, driver, response, idle_seconds, next_run_id, log):
 
 
 def clear_other_backlogs(pg, log):
-    """Delete the claims the throughput rounds left in progress (scenario 11
-    leaves 3,000,000 of them, never completed) from every other database,
+    """Delete the claims the throughput rounds left in progress (scenario 11's
+    are never completed: about 4,000,000 in a full run) from every other database,
     vacuum, and checkpoint, so that scenario 9 measures its own sweep.
     Without this, the launcher (which sweeps one database after another)
     first swept those claims as they expired, and the kernel wrote that
