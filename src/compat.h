@@ -9,6 +9,7 @@
 #include "catalog/pg_namespace.h"
 #include "executor/executor.h"
 #include "utils/acl.h"
+#include "utils/guc.h"
 
 /* PostgreSQL 16 moved the varlena macros out of postgres.h. */
 #if PG_VERSION_NUM >= 160000
@@ -54,6 +55,19 @@
 #define idem_lock_held_by_me(tag, mode) LockHeldByMe(tag, mode, false)
 #else
 #define idem_lock_held_by_me(tag, mode) LockHeldByMe(tag, mode)
+#endif
+
+/*
+ * search_path "pg_catalog, pg_temp" until the GUC nest level ends, as
+ * PostgreSQL's maintenance commands set it for a table's owner since 17
+ * (RestrictSearchPath); done the same way before it.
+ */
+#if PG_VERSION_NUM >= 170000
+#define idem_restrict_search_path() RestrictSearchPath()
+#else
+#define idem_restrict_search_path() \
+	((void) set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, \
+							  PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false))
 #endif
 
 #endif							/* IDEM_COMPAT_H */

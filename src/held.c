@@ -442,8 +442,15 @@ write_as_owner(IdemHeldClaim *p, HeldWrite what)
 	int			save_sec_context;
 	bool		save_read_only = XactReadOnly;
 
+	/*
+	 * Security-restricted, as every path that works with rights other than
+	 * the caller's.  No GUC nest level: the table is as made, so the writes
+	 * run no code that could set one (and on 15 AtEOXact_GUC walks every
+	 * setting, at each COMMIT that writes a held claim).
+	 */
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(p->owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE);
+	SetUserIdAndSecContext(p->owner, save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
 	XactReadOnly = false;
 	PG_TRY();
 	{

@@ -7,7 +7,7 @@
  * the hook that was installed before it (or the standard function) in
  * every case.  In a backend that holds no claim and runs none of its own
  * statements, each is one test of a flag (the utility hook also tests for
- * a DROP, the planner hook for Citus) and that call; the transaction
+ * a DROP and an ALTER EXTENSION, the planner hook for Citus) and that call; the transaction
  * callbacks reset a few variables.  No statement is classified and nothing
  * is tracked.
  *
@@ -36,7 +36,9 @@
  * Our own statements (store_attach.c) are planned with sequential scans
  * discouraged, and their writes stamped when a held claim is written.  On
  * a Citus server the planner hook refuses a call shape Citus crashes on
- * (citus.c), and DROP EXTENSION drops a distributed table's shards first.
+ * (citus.c), DROP EXTENSION drops a distributed table's shards first, and
+ * ALTER EXTENSION idempotency UPDATE is refused while the table carries an
+ * ordinary owner's code (update_guard.c).
  */
 #include "postgres.h"
 
@@ -55,6 +57,7 @@
 #include "idempotency.h"
 #include "shard_route.h"
 #include "store_attach.h"
+#include "update_guard.h"
 
 static planner_hook_type prev_planner = NULL;
 static ExecutorStart_hook_type prev_ExecutorStart = NULL;
@@ -280,6 +283,9 @@ idem_ProcessUtility(PlannedStmt *pstmt, const char *queryString,
 	/* DROP EXTENSION idempotency drops a distributed table's shards first */
 	if (unlikely(IsA(pstmt->utilityStmt, DropStmt)))
 		idem_citus_before_drop((DropStmt *) pstmt->utilityStmt);
+	/* ALTER EXTENSION idempotency UPDATE runs no owner's code as the updater */
+	if (unlikely(IsA(pstmt->utilityStmt, AlterExtensionStmt)))
+		idem_guard_extension_update((AlterExtensionStmt *) pstmt->utilityStmt);
 	if (unlikely(idem_claims_held))
 		armed_ProcessUtility(pstmt, queryString, readOnlyTree, context,
 							 params, queryEnv, dest, qc);

@@ -18,6 +18,8 @@
  *	6 lookup.c		idem_lookup, idem_forget
  *	6 sweep.c		idem_sweep and the batch the background worker reuses
  *	6 child_key.c	idem_child_key, stable keys for downstream calls
+ *	6 metrics.c		idem_metrics, idem_metrics_tenants: what a scraper reads
+ *	6 update_guard.c	ALTER EXTENSION UPDATE runs no ordinary owner's code
  *	5 held.c		held claims: fresh claims kept in memory, written as they would
  *					have been (the setting keeps its first name, defer_writes)
  *	4 store.c		the statements of one key (SPI)
@@ -32,6 +34,7 @@
  *	1 table_shape.c	refusing a records table whose shape changed; is it as made?
  *	1 stats.c		counters and last sweeps in shared memory (idem_stats)
  *	1 validate.c	argument checks shared by every SQL function
+ *	1 privilege_check.c	a missing privilege, named by the call that needs it
  *	0 guc.c			the idempotency.* settings
  *	0 subxact.c		one step in a subtransaction, expected errors swallowed
  *	0 record.c		a record's values: status, columns that are never NULL
@@ -54,6 +57,12 @@
 
 /* the record is already completed or failed */
 #define ERRCODE_IDEM_NOT_PROCESSING		MAKE_SQLSTATE('I','D','0','0','3')
+
+/* a takeover of a record whose token was never handed out in this database */
+#define ERRCODE_IDEM_TOKEN_NOT_ISSUED	MAKE_SQLSTATE('I','D','0','0','4')
+
+/* The extension's name in pg_extension. */
+#define IDEM_EXTENSION_NAME		"idempotency"
 
 /* Longest tenant_id, key and fingerprint, in bytes (Stripe's limit). */
 #define IDEM_MAX_IDENTIFIER_BYTES	255

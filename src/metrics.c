@@ -16,7 +16,10 @@
  *
  * Both functions are SECURITY DEFINER (the extension's owner, a superuser),
  * so that a member of pg_monitor counts every tenant's records even under
- * tenant isolation; EXECUTE is granted to pg_monitor only.  They run on the
+ * tenant isolation; EXECUTE is granted to pg_monitor only.  They read the
+ * table as its owner, in a security-restricted operation
+ * (idem_store_begin_as_owner): code the owner planted on the table never
+ * runs with the definer's superuser rights.  They run on the
  * node they are called on: they take no tenant and are never delegated by
  * Citus (idem_distribute() leaves them alone).
  */
@@ -216,6 +219,7 @@ idem_metrics(PG_FUNCTION_ARGS)
 	Oid			types[2];
 	Datum		args[2];
 	TimestampTz now = GetCurrentTimestamp();
+	IdemOwnerCall owner_call;
 	char	   *datname = get_database_name(MyDatabaseId);
 	bool		isnull;
 	int			col = 0;
@@ -233,7 +237,7 @@ idem_metrics(PG_FUNCTION_ARGS)
 	values[col++] = Int64GetDatum((int64) snap.counters[IDEM_STAT_FAILED_REPLAYS]);
 	values[col++] = Int64GetDatum((int64) snap.counters[IDEM_STAT_TAKEOVERS]);
 
-	idem_store_begin(fcinfo);
+	idem_store_begin_as_owner(idem_store_function_schema(fcinfo), &owner_call);
 	run_window_query(metrics_query, now, 2, types, args);
 	values[col++] = Int64GetDatum(int8_column(0, 1, &isnull));	/* claims_in_progress */
 	{
@@ -244,7 +248,7 @@ idem_metrics(PG_FUNCTION_ARGS)
 	values[col++] = Int64GetDatum(int8_column(0, 3, &isnull));	/* stuck_claims */
 	values[col++] = Int64GetDatum(int8_column(0, 4, &isnull));	/* resumable_records */
 	values[col++] = Int64GetDatum(int8_column(0, 5, &isnull));	/* expired_unswept */
-	idem_store_end();
+	idem_store_end_as_owner(&owner_call);
 
 	values[col++] = Int64GetDatum((int64) snap.sweeps);
 	values[col++] = Int64GetDatum((int64) snap.sweep_errors);
@@ -278,6 +282,7 @@ idem_metrics_tenants(PG_FUNCTION_ARGS)
 	Oid			types[6];
 	Datum		args[6];
 	TimestampTz now = GetCurrentTimestamp();
+	IdemOwnerCall owner_call;
 	int32		top;
 	int			n;
 
@@ -301,7 +306,7 @@ idem_metrics_tenants(PG_FUNCTION_ARGS)
 	}
 
 	InitMaterializedSRF(fcinfo, 0);
-	idem_store_begin(fcinfo);
+	idem_store_begin_as_owner(idem_store_function_schema(fcinfo), &owner_call);
 	types[2] = TEXTARRAYOID;
 	args[2] = PointerGetDatum(construct_array(names, n, TEXTOID, -1, false, TYPALIGN_INT));
 	types[3] = INT8ARRAYOID;
@@ -331,6 +336,6 @@ idem_metrics_tenants(PG_FUNCTION_ARGS)
 		values[3] = Int64GetDatum(int8_column(row, 4, &isnull));
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
-	idem_store_end();
+	idem_store_end_as_owner(&owner_call);
 	return (Datum) 0;
 }

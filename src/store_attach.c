@@ -22,10 +22,15 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/table.h"
+#include "catalog/indexing.h"
+#include "catalog/pg_extension.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "storage/lmgr.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
@@ -34,8 +39,10 @@
 #include "utils/syscache.h"
 
 #include "citus.h"
+#include "compat.h"
 #include "direct_read.h"
 #include "idempotency.h"
+#include "privilege_check.h"
 #include "shard_route.h"
 #include "statements.h"
 #include "store_attach.h"
@@ -203,6 +210,33 @@ store_forget_plans(void)
 }
 
 /*
+ * The schema the extension is installed in, or InvalidOid when it is not
+ * installed (as this transaction's catalog snapshot sees it: a CREATE
+ * EXTENSION still in progress elsewhere is not visible, so it counts as
+ * absent).  get_extension_schema() is static in PostgreSQL 15.
+ */
+Oid
+idem_store_extension_schema(void)
+{
+	Relation	rel;
+	SysScanDesc scan;
+	ScanKeyData key;
+	HeapTuple	tup;
+	Oid			nsp = InvalidOid;
+
+	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber,
+				F_NAMEEQ, CStringGetDatum(IDEM_EXTENSION_NAME));
+	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+		nsp = ((Form_pg_extension) GETSTRUCT(tup))->extnamespace;
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return nsp;
+}
+
+/*
  * The records table in schema nsp (InvalidOid: none), locked in
  * AccessShareLock before anything about it is read, as PostgreSQL opens a
  * relation before reading its description.  An ALTER TABLE running on it
@@ -282,8 +316,21 @@ store_attach(Oid nsp)
 	bool		checkpoints;
 	bool		distributed;
 
-	if (nsp == cached_schema && table_verified)
-		return;
+	/*
+	 * Lock first, then decide.  Taking the lock (the first time in this
+	 * transaction) takes in every catalog change committed before it, as
+	 * opening the table for a statement would: a policy, a REVOKE, a role's
+	 * BYPASSRLS, all committed after BEGIN and before this call.  Only then
+	 * is the cache trusted, by the tenant check, the held-claim and
+	 * direct-read shortcuts and the statements alike.  A table dropped
+	 * meanwhile has cleared table_verified, and is looked up again below.
+	 */
+	if (nsp == cached_schema && OidIsValid(cached_table))
+	{
+		LockRelationOid(cached_table, AccessShareLock);
+		if (table_verified)
+			return;
+	}
 
 	if (!relcache_callback_registered)
 	{
@@ -325,6 +372,13 @@ idem_store_begin(FunctionCallInfo fcinfo)
 		elog(ERROR, "SPI_connect failed");
 }
 
+/* The schema of the function being called: the extension's. */
+Oid
+idem_store_function_schema(FunctionCallInfo fcinfo)
+{
+	return function_schema(fcinfo->flinfo->fn_oid);
+}
+
 /*
  * Refuse a call for a tenant the session may not see, when the extension's
  * own tenant isolation applies to the caller: our own error, naming the
@@ -333,7 +387,9 @@ idem_store_begin(FunctionCallInfo fcinfo)
  * violation, and a lookup with nothing).  Callers the policy does not
  * apply to (the table's owner, BYPASSRLS roles) are not checked; nor is
  * any other policy, which the statements meet as the user wrote it.  With
- * row_security off the statements raise PostgreSQL's own error.
+ * row_security off, a caller the policy applies to gets PostgreSQL's own
+ * error, as each statement on the table would give it.  Decided after the
+ * table is locked (store_attach), on the catalog in force.
  */
 void
 idem_store_check_tenant(FunctionCallInfo fcinfo, const text *tenant)
@@ -341,9 +397,18 @@ idem_store_check_tenant(FunctionCallInfo fcinfo, const text *tenant)
 	const char *value;
 
 	store_attach(function_schema(fcinfo->flinfo->fn_oid));
-	if (isolation_setting == NULL || !row_security ||
-		check_enable_rls(cached_table, InvalidOid, true) != RLS_ENABLED ||
-		idem_isolation_admits(isolation_setting, tenant))
+	if (isolation_setting == NULL ||
+		check_enable_rls(cached_table, InvalidOid, true) != RLS_ENABLED)
+		return;
+
+	/*
+	 * row_security off, for a role the policy applies to: every statement on
+	 * the table raises PostgreSQL's own error (42501), so the call does too,
+	 * before a shortcut could answer without a statement.
+	 */
+	if (!row_security)
+		(void) check_enable_rls(cached_table, InvalidOid, false);
+	if (idem_isolation_admits(isolation_setting, tenant))
 		return;
 
 	value = GetConfigOptionByName(isolation_setting, NULL, true);
@@ -375,6 +440,77 @@ idem_store_begin_in_schema(Oid nsp)
 	store_attach(nsp);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
+}
+
+/*
+ * Start work on the table in schema nsp as the table's owner, inside a
+ * security-restricted operation with a GUC nest level and search_path of
+ * its own, as VACUUM, ANALYZE and REINDEX work on a table: for every path
+ * that runs with more rights than its caller (the monitoring definers, the
+ * sweeper worker, idem_sweep() called by another role).  Code the owner
+ * planted on the table (an index expression, a trigger, a policy) then runs
+ * as the owner, never with the caller's rights, and can neither change the
+ * session's role nor leave a setting behind.
+ *
+ * The table is found and locked before anything about it is read, and
+ * its owner read after the lock, so that an ALTER TABLE ... OWNER TO
+ * committed meanwhile is taken in; everything else (the shape check, the
+ * plans) happens as the owner.
+ */
+void
+idem_store_begin_as_owner(Oid nsp, IdemOwnerCall *oc)
+{
+	Oid			table = lock_records_table(nsp);
+
+	if (!OidIsValid(table))
+		report_no_table(nsp);
+	GetUserIdAndSecContext(&oc->save_userid, &oc->save_sec_context);
+	SetUserIdAndSecContext(idem_table_owner(table),
+						   oc->save_sec_context | SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	oc->save_nestlevel = NewGUCNestLevel();
+	oc->switched = true;
+	idem_restrict_search_path();
+	idem_store_begin_in_schema(nsp);
+}
+
+/*
+ * A maintenance call (idem_sweep): the table's owner works on it as
+ * itself; any other caller must hold the privileges named by needed
+ * (what the call's statements use) and USAGE on the schema, checked after
+ * the table is locked, and the work is then done as the owner
+ * (idem_store_begin_as_owner), as VACUUM works for a role that may
+ * maintain a table it does not own.  function names the call in the error.
+ */
+void
+idem_store_begin_maintenance(FunctionCallInfo fcinfo, AclMode needed,
+							 const char *function, IdemOwnerCall *oc)
+{
+	Oid			nsp = function_schema(fcinfo->flinfo->fn_oid);
+	Oid			table = lock_records_table(nsp);
+	Oid			caller = GetUserId();
+
+	if (!OidIsValid(table))
+		report_no_table(nsp);
+	if (idem_table_owner(table) == caller)
+	{
+		oc->switched = false;
+		idem_store_begin(fcinfo);
+		return;
+	}
+	idem_require_table_privileges(table, caller, needed, function);
+	idem_store_begin_as_owner(nsp, oc);
+}
+
+/* End what idem_store_begin_as_owner() or _maintenance() started. */
+void
+idem_store_end_as_owner(IdemOwnerCall *oc)
+{
+	idem_store_end();
+	if (!oc->switched)
+		return;
+	AtEOXact_GUC(false, oc->save_nestlevel);
+	SetUserIdAndSecContext(oc->save_userid, oc->save_sec_context);
 }
 
 void

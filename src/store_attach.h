@@ -8,6 +8,7 @@
 
 #include "executor/execdesc.h"
 #include "fmgr.h"
+#include "nodes/parsenodes.h"
 
 #include "idempotency.h"
 #include "statements.h"
@@ -15,8 +16,24 @@
 /* a call: attach the table and connect to SPI, then end */
 extern void idem_store_begin(FunctionCallInfo fcinfo);
 extern void idem_store_begin_in_schema(Oid nsp);
+extern Oid	idem_store_function_schema(FunctionCallInfo fcinfo);
+extern Oid	idem_store_extension_schema(void);
 extern void idem_store_check_tenant(FunctionCallInfo fcinfo, const text *tenant);
 extern void idem_store_end(void);
+
+/* a call that works on the table as its owner, security-restricted */
+typedef struct IdemOwnerCall
+{
+	Oid			save_userid;
+	int			save_sec_context;
+	int			save_nestlevel;
+	bool		switched;		/* false: the caller was the owner */
+} IdemOwnerCall;
+
+extern void idem_store_begin_as_owner(Oid nsp, IdemOwnerCall *oc);
+extern void idem_store_begin_maintenance(FunctionCallInfo fcinfo, AclMode needed,
+										 const char *function, IdemOwnerCall *oc);
+extern void idem_store_end_as_owner(IdemOwnerCall *oc);
 extern void idem_store_call_aborted(void);
 
 /* the attached table */

@@ -146,8 +146,9 @@ sweep_cluster(IdemSweepCounts *counts)
 /*
  * idem_sweep(batch_size) RETURNS (expired_removed, stale_released, stale_failed)
  *
- * One pass in the caller's transaction.  Waits for a sweep already running
- * on this database (the worker's) to finish its pass.  On a table
+ * One pass in the caller's transaction, as the table's owner (see below).
+ * Waits for a sweep already running on this database (the worker's) to
+ * finish its pass.  On a table
  * distributed by Citus, the pass covers every shard on every node.
  */
 Datum
@@ -156,6 +157,7 @@ idem_sweep(PG_FUNCTION_ARGS)
 	int			batch_size = PG_ARGISNULL(0) ? idem_sweep_batch_size : PG_GETARG_INT32(0);
 	IdemSweepCounts counts = {0};
 	IdemSweepCursor cursor;
+	IdemOwnerCall owner_call;
 	TimestampTz started = GetCurrentTimestamp();
 	TupleDesc	desc;
 	Datum		values[3];
@@ -171,7 +173,17 @@ idem_sweep(PG_FUNCTION_ARGS)
 	/* held claims: written before this statement started (hooks.c), or
 	 * now, when it is called outside any statement (a PL/pgSQL expression) */
 	idem_held_write_all();
-	idem_store_begin(fcinfo);
+
+	/*
+	 * A sweep is maintenance, as VACUUM is: called by a role other than the
+	 * table's owner (a superuser, the operator, pg_cron's role), it runs as
+	 * the owner in a security-restricted operation, once the caller is
+	 * found to hold what its statements use.  So the owner's code on the
+	 * table never runs with a superuser's rights, and every tenant's
+	 * expired records are seen whatever tenant the caller is confined to.
+	 */
+	idem_store_begin_maintenance(fcinfo, ACL_SELECT | ACL_UPDATE | ACL_DELETE,
+								 "idem_sweep()", &owner_call);
 	(void) idem_sweep_lock(false, true);
 	if (idem_store_distributed())
 		sweep_cluster(&counts);
@@ -181,7 +193,7 @@ idem_sweep(PG_FUNCTION_ARGS)
 		while (idem_sweep_batch(batch_size, &cursor, &counts))
 			CHECK_FOR_INTERRUPTS();
 	}
-	idem_store_end();
+	idem_store_end_as_owner(&owner_call);
 	idem_stats_sweep_finished(started, GetCurrentTimestamp(), &counts, NULL);
 
 	values[0] = Int64GetDatum((int64) counts.expired_removed);

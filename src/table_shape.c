@@ -266,6 +266,13 @@ column_is_as_made(Form_pg_attribute attr)
  * over columns with their default operator classes and collations (the
  * expires_at index, and those of idem_create_index)?  Such an index runs no
  * code but PostgreSQL's own, and only the key index can refuse a row.
+ *
+ * Whether the index has expressions or a predicate is read from its
+ * pg_index row, never through RelationGetIndexExpressions() or
+ * RelationGetIndexPredicate(): those run the expressions through
+ * eval_const_expressions(), which calls any IMMUTABLE function in them, as
+ * whoever asks (the worker before it has switched to the owner, a
+ * superuser calling idem_sweep()).
  */
 static bool
 index_is_as_made(Oid indexoid, Oid key_index)
@@ -275,8 +282,8 @@ index_is_as_made(Oid indexoid, Oid key_index)
 	bool		plain = index->rd_rel->relam == BTREE_AM_OID &&
 		(indexoid == key_index || !form->indisunique) &&
 		!form->indisexclusion && form->indimmediate &&
-		RelationGetIndexExpressions(index) == NIL &&
-		RelationGetIndexPredicate(index) == NIL;
+		heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) &&
+		heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL);
 
 	for (int i = 0; i < form->indnatts && plain; i++)
 		plain = index->rd_opcintype[i] != InvalidOid &&

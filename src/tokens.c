@@ -32,7 +32,12 @@
  * flush happens when the mark moves, about every ten seconds per database.
  *
  * Token arithmetic never wraps: at the top of bigint tokens are refused
- * (22003, numeric_value_out_of_range) before anything is written.
+ * (22003, numeric_value_out_of_range) before anything is written.  Nor can
+ * a record written around the functions (any role that may update its own
+ * records can set its token) drag the mark up: a takeover of a token above
+ * every token handed out here and more than an hour ahead of the clock is
+ * refused (ID004), so a tenant moves the database's tokens no further than
+ * its legitimate takeovers do, one at a time.
  *
  * Without shared memory (the library not preloaded) every token reads and
  * advances the mark itself.  With the 1.0 SQL objects (no sequence until
@@ -63,6 +68,13 @@
 
 /* How far ahead of the last token the durable mark is moved: 10 s. */
 #define IDEM_TOKEN_MARGIN	((int64) 10 * USECS_PER_SEC)
+
+/*
+ * How far ahead of the clock a record's token may be and still count as
+ * one a node of this database could have handed out (clocks of a cluster's
+ * nodes differ by far less): 1 hour.
+ */
+#define IDEM_TOKEN_CLOCK_SLACK	((int64) 3600 * USECS_PER_SEC)
 
 /* Databases with a slot; the others take the path without shared memory. */
 #define IDEM_TOKEN_SLOTS	64
@@ -152,6 +164,23 @@ refuse_fresh_tokens(int64 last, int n)
 					   "token handed out, " INT64_FORMAT ", and %d tokens two apart "
 					   "from there pass the largest bigint, " INT64_FORMAT ".",
 					   last, n, PG_INT64_MAX)));
+}
+
+/*
+ * A takeover asked for the successor of a token that was never handed out
+ * here: refuse, leaving the mark where it is.
+ */
+static void
+refuse_unissued_token(int64 old, int64 last)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_TOKEN_NOT_ISSUED),
+			 errmsg("fencing token " INT64_FORMAT " was never handed out in this database", old),
+			 errdetail("It is more than an hour ahead of the clock and above the last token "
+					   "handed out, " INT64_FORMAT ": its record was written around the "
+					   "extension's functions.  Taking it over would move the next token of "
+					   "every tenant past it.", last),
+			 errhint("Remove the record with idem_forget(tenant_id, key), then claim the key again.")));
 }
 
 /* 1.0 objects: the clock, forced to increase within this backend. */
@@ -270,7 +299,8 @@ write_mark(Oid sequence, int64 mark, XLogRecPtr *lsn)
 /*
  * The next tokens after last: n fresh ones (exact = 0), or exactly the
  * successor a takeover asked for.  Sets *first and *new_last; false (and
- * nothing set) when fresh tokens would pass the top of bigint.  Fresh
+ * nothing set) when fresh tokens would pass the top of bigint, or when the
+ * successor's token was never handed out here.  Fresh
  * tokens are at least the clock and last + 2, and 2 apart, so that a fresh
  * token is never an earlier token plus one: that is a takeover's.
  */
@@ -284,6 +314,19 @@ next_after(int64 last, TimestampTz now, int n, int64 exact,
 
 	if (exact > 0)
 	{
+		/*
+		 * Every token handed out here is at most last, or (on another node
+		 * of a cluster, before a shard moved here) close to the clock.  A
+		 * token beyond both was written around the functions, by any role
+		 * that may update its own records: its successor would move every
+		 * tenant's tokens with it, up to the top of bigint.
+		 */
+		int64		clock_bound;
+
+		if (pg_add_s64_overflow(clock_token(now), IDEM_TOKEN_CLOCK_SLACK, &clock_bound))
+			clock_bound = PG_INT64_MAX;
+		if (exact - 1 > Max(last, clock_bound))
+			return false;
 		*first = exact;
 		*new_last = Max(last, exact);
 		return true;
@@ -320,6 +363,8 @@ reserve_without_slot(Oid sequence, TimestampTz now, int n, int64 exact)
 	if (fits && last > mark)
 		write_mark(sequence, last, &lsn);
 	UnlockRelationOid(sequence, ShareUpdateExclusiveLock);
+	if (!fits && exact > 0)
+		refuse_unissued_token(exact - 1, mark);
 	if (!fits)
 		refuse_fresh_tokens(mark, n);
 	make_durable(lsn);
@@ -508,6 +553,8 @@ reserve(Oid sequence, TimestampTz now, int n, int64 exact)
 		covered = slot->mark >= last;
 	}
 	LWLockRelease(shared->lock);
+	if (!fits && exact > 0)
+		refuse_unissued_token(exact - 1, before);
 	if (!fits)
 		refuse_fresh_tokens(before, n);
 

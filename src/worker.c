@@ -72,7 +72,6 @@
 #include "worker.h"
 
 #define IDEM_LIBRARY_NAME		"idempotency"
-#define IDEM_EXTENSION_NAME		"idempotency"
 #define IDEM_LAUNCHER_TYPE		"idempotency sweeper launcher"
 #define IDEM_WORKER_TYPE		"idempotency sweeper"
 
@@ -361,33 +360,6 @@ idem_sweeper_launcher_main(Datum main_arg)
 /* ---------- the per-database worker ---------- */
 
 /*
- * The schema the extension is installed in, or InvalidOid when it is not
- * installed (as this transaction's catalog snapshot sees it: a CREATE
- * EXTENSION still in progress elsewhere is not visible, so it counts as
- * absent).  get_extension_schema() is static in PostgreSQL 15.
- */
-static Oid
-extension_schema(void)
-{
-	Relation	rel;
-	SysScanDesc scan;
-	ScanKeyData key;
-	HeapTuple	tup;
-	Oid			nsp = InvalidOid;
-
-	rel = table_open(ExtensionRelationId, AccessShareLock);
-	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber,
-				F_NAMEEQ, CStringGetDatum(IDEM_EXTENSION_NAME));
-	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
-	tup = systable_getnext(scan);
-	if (HeapTupleIsValid(tup))
-		nsp = ((Form_pg_extension) GETSTRUCT(tup))->extnamespace;
-	systable_endscan(scan);
-	table_close(rel, AccessShareLock);
-	return nsp;
-}
-
-/*
  * Is a command waiting to get this database to itself?  DROP DATABASE and
  * ALTER DATABASE hold AccessExclusiveLock on it, CREATE DATABASE ...
  * TEMPLATE holds ShareLock on its template, while they wait (up to 5 s) for
@@ -425,6 +397,7 @@ static List *
 list_sweep_targets(MemoryContext cxt)
 {
 	MemoryContext old;
+	IdemOwnerCall owner_call;
 	List	   *targets = NIL;
 	Oid			nsp;
 	HeapTuple	tup;
@@ -435,14 +408,14 @@ list_sweep_targets(MemoryContext cxt)
 	pass_picture = NULL;
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
-	nsp = extension_schema();
+	nsp = idem_store_extension_schema();
 	if (!OidIsValid(nsp))
 	{
 		CommitTransactionCommand();
 		return NIL;				/* dropped since the pass began */
 	}
 	PushActiveSnapshot(GetTransactionSnapshot());
-	idem_store_begin_in_schema(nsp);
+	idem_store_begin_as_owner(nsp, &owner_call);
 	old = MemoryContextSwitchTo(cxt);
 	if (idem_store_distributed())
 		targets = idem_citus_local_shards(idem_store_table());
@@ -467,7 +440,7 @@ list_sweep_targets(MemoryContext cxt)
 	}
 	pass_picture = picture.data;
 	MemoryContextSwitchTo(old);
-	idem_store_end();
+	idem_store_end_as_owner(&owner_call);
 	PopActiveSnapshot();
 	CommitTransactionCommand();
 	return targets;
@@ -496,9 +469,11 @@ direct_to_shard(RangeVar *shard)
  * One sweep batch in a transaction of its own.
  *
  * The batch runs as the owner of idempotency_records in a security-
- * restricted operation (as autovacuum and REFRESH MATERIALIZED VIEW do), so
- * a trigger or policy on the table never runs with the superuser rights of
- * the worker unless the owner has them anyway.
+ * restricted operation (as autovacuum and REFRESH MATERIALIZED VIEW do),
+ * from the moment the table is found and locked: the shape check, the
+ * planning and the statements all run as the owner, so nothing the owner
+ * planted on the table (an index expression, a trigger, a policy) ever runs
+ * with the superuser rights of the worker unless the owner has them anyway.
  */
 static BatchResult
 sweep_one_batch(RangeVar *shard, IdemSweepCursor *cursor,
@@ -506,9 +481,7 @@ sweep_one_batch(RangeVar *shard, IdemSweepCursor *cursor,
 {
 	BatchResult result;
 	Oid			nsp;
-	Oid			save_userid;
-	int			save_sec_context;
-	int			save_nestlevel;
+	IdemOwnerCall owner_call;
 	char		activity[128];
 
 	SetCurrentStatementStartTimestamp();
@@ -519,7 +492,7 @@ sweep_one_batch(RangeVar *shard, IdemSweepCursor *cursor,
 		CommitTransactionCommand();
 		return BATCH_DATABASE_DDL;
 	}
-	nsp = extension_schema();
+	nsp = idem_store_extension_schema();
 	if (!OidIsValid(nsp))
 	{
 		CommitTransactionCommand();
@@ -532,12 +505,7 @@ sweep_one_batch(RangeVar *shard, IdemSweepCursor *cursor,
 	pgstat_report_activity(STATE_RUNNING, activity);
 
 	PushActiveSnapshot(GetTransactionSnapshot());
-	idem_store_begin_in_schema(nsp);
-
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(idem_table_owner(idem_store_table()),
-						   save_sec_context | SECURITY_RESTRICTED_OPERATION);
-	save_nestlevel = NewGUCNestLevel();
+	idem_store_begin_as_owner(nsp, &owner_call);
 
 	if (!direct_to_shard(shard))
 		result = BATCH_LAST;	/* the shard moved away or was dropped */
@@ -545,10 +513,7 @@ sweep_one_batch(RangeVar *shard, IdemSweepCursor *cursor,
 		result = idem_sweep_batch(idem_sweep_batch_size, cursor, counts)
 			? BATCH_FULL : BATCH_LAST;
 
-	AtEOXact_GUC(false, save_nestlevel);
-	SetUserIdAndSecContext(save_userid, save_sec_context);
-
-	idem_store_end();
+	idem_store_end_as_owner(&owner_call);
 	PopActiveSnapshot();
 	CommitTransactionCommand();
 
@@ -574,7 +539,7 @@ extension_still_installed(void)
 	bool		installed;
 
 	StartTransactionCommand();
-	installed = OidIsValid(extension_schema());
+	installed = OidIsValid(idem_store_extension_schema());
 	CommitTransactionCommand();
 	return installed;
 }
@@ -643,7 +608,7 @@ begin_pass(MemoryContext cxt, char **datname)
 
 	StartTransactionCommand();
 	*datname = MemoryContextStrdup(cxt, get_database_name(MyDatabaseId));
-	installed = OidIsValid(extension_schema());
+	installed = OidIsValid(idem_store_extension_schema());
 	if (installed)
 		locked = idem_sweep_lock(true, false);
 	CommitTransactionCommand();

@@ -36,11 +36,13 @@ LAYERS = {
     "module": 8,
     "hooks": 7, "claim_many": 7, "worker": 7,
     "claim": 6, "settle": 6, "lookup": 6, "sweep": 6, "child_key": 6, "metrics": 6,
+    "update_guard": 6,
     "held": 5,
     "store": 4, "store_sweep": 4,
     "store_attach": 3,
     "direct_read": 2, "citus": 2, "shard_route": 2,
     "statements": 1, "keylock": 1, "tokens": 1, "table_shape": 1, "stats": 1, "validate": 1,
+    "privilege_check": 1,
     "guc": 0, "subxact": 0, "record": 0,
 }
 
