@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -37,6 +38,50 @@ func (e *InProgressError) Error() string {
 
 // Is makes errors.Is(err, ErrInProgress) true.
 func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+
+// TenantSettingError is the server's refusal of a claim when tenant isolation
+// is on and the setting its policy reads is not set (SQLSTATE 55000): the
+// middleware or Run was given no TenantSetting, or another setting's name.
+// The server's hint says to call set_config by hand; this names the
+// package's option instead.  It wraps the driver's error (errors.As reaches
+// it) and reports the SQLSTATE as the driver's errors do (SQLState()).
+type TenantSettingError struct {
+	Setting string // the setting the isolation policy reads ("app.tenant")
+	Given   string // the TenantSetting given ("" for none)
+	Option  string // where it is given: "Config.TenantSetting" or "RunOptions.TenantSetting"
+	Err     error  // the driver's error
+}
+
+func (e *TenantSettingError) Error() string {
+	if e.Given != "" {
+		return fmt.Sprintf("tenant isolation is on and its policy reads %q, but %s is %q (SQLSTATE 55000): set %s to %q",
+			e.Setting, e.Option, e.Given, e.Option, e.Setting)
+	}
+	return fmt.Sprintf("tenant isolation is on, but %q is not set (SQLSTATE 55000): set %s to %q and the package"+
+		" sets it to each call's tenant in the claim's transaction", e.Setting, e.Option, e.Setting)
+}
+
+// Unwrap gives the driver's error.
+func (e *TenantSettingError) Unwrap() error { return e.Err }
+
+// SQLState is the server's SQLSTATE, 55000.
+func (e *TenantSettingError) SQLState() string { return "55000" }
+
+// the server's message for an unset isolation setting, as the driver prints it
+var tenantUnset = regexp.MustCompile(`tenant isolation is on, but "([^"]+)" is not set(?: \(SQLSTATE 55000\))?$`)
+
+// tenantSettingError is err, or for the server's refusal of an unset
+// isolation setting a *TenantSettingError naming option.
+func tenantSettingError(err error, given, option string) error {
+	var coded interface{ SQLState() string }
+	if err == nil || !errors.As(err, &coded) || coded.SQLState() != "55000" {
+		return err
+	}
+	if m := tenantUnset.FindStringSubmatch(err.Error()); m != nil {
+		return &TenantSettingError{Setting: m[1], Given: given, Option: option, Err: err}
+	}
+	return err
+}
 
 // StoredFailureError: the key was settled earlier as a failure
 // (idem_release with a failure document); Failure is that document.
@@ -109,7 +154,7 @@ func Run(ctx context.Context, db *sql.DB, tenant, key string, fn func(tx *sql.Tx
 		).Scan(&outcome, &token, &response, &retry)
 		endCall(span, outcome, err)
 		if err != nil || outcome != "claimed" {
-			return err
+			return tenantSettingError(err, o.TenantSetting, "RunOptions.TenantSetting")
 		}
 		out, err := fn(tx)
 		if err != nil {

@@ -306,7 +306,8 @@ func serve(cfg Config, next http.Handler, w http.ResponseWriter, r *http.Request
 	}
 	if err != nil {
 		_ = tx.Rollback()
-		internalError(cfg, w, fmt.Errorf("claiming the key: %w", err))
+		internalError(cfg, w, fmt.Errorf("claiming the key: %w", tenantSettingError(err, cfg.TenantSetting,
+			"Config.TenantSetting")))
 		return
 	}
 	switch outcome {

@@ -14,10 +14,12 @@ package idempotency_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -554,6 +556,47 @@ func TestTenantSetting(t *testing.T) {
 	refused := strings.Contains(logged.String(), "(SQLSTATE 55000)") || strings.Contains(logged.String(), "(SQLSTATE 42501)")
 	if r.status != 500 || !refused || status != "" || writes(t, tenant, "g-iso-unset") != 0 {
 		t.Fatalf("isolation on, without TenantSetting: %d, record %q, log %q", r.status, status, logged.String())
+	}
+}
+
+// Under tenant isolation a claim without TenantSetting is refused naming the
+// package's option (not the server's hint, a set_config by hand), with the
+// SQLSTATE (55000) kept: Run's error, the middleware's log, and a
+// TenantSetting naming another setting is told the one the policy reads.
+// With isolation off all three run.
+func TestTenantSettingNamed(t *testing.T) {
+	needDB(t)
+	ctx := context.Background()
+	book := func(tx *sql.Tx) (json.RawMessage, error) { return json.RawMessage(`1`), nil }
+	_, _, unset := idempotency.Run(ctx, appDB, tenant, "g-named-run", book)
+	_, _, other := idempotency.Run(ctx, appDB, tenant, "g-named-other", book,
+		idempotency.RunOptions{TenantSetting: "app.other_tenant"})
+	var logged bytes.Buffer
+	r := post(t, serverAsIs(t, idempotency.Config{Logger: log.New(&logged, "", 0)}), key("g-named"), `{"n": 1}`)
+	if tenantSetting == "" {
+		if unset != nil || other != nil || r.status != 201 {
+			t.Fatalf("isolation off, without TenantSetting: %v, %v, %d %s", unset, other, r.status, r.body)
+		}
+		return
+	}
+	sqlState := func(err error) string {
+		var coded interface{ SQLState() string }
+		if errors.As(err, &coded) {
+			return coded.SQLState()
+		}
+		return ""
+	}
+	if want := fmt.Sprintf("set RunOptions.TenantSetting to %q", tenantSetting); sqlState(unset) != "55000" ||
+		!strings.Contains(fmt.Sprint(unset), want) || strings.Contains(fmt.Sprint(unset), "set_config") {
+		t.Errorf("Run without TenantSetting: %v (SQLSTATE %q); want an error saying %q", unset, sqlState(unset), want)
+	}
+	if want := fmt.Sprintf(`its policy reads %q, but RunOptions.TenantSetting is "app.other_tenant"`,
+		tenantSetting); sqlState(other) != "55000" || !strings.Contains(fmt.Sprint(other), want) {
+		t.Errorf("Run with another setting's name: %v (SQLSTATE %q); want an error saying %q", other, sqlState(other), want)
+	}
+	if want := fmt.Sprintf("set Config.TenantSetting to %q", tenantSetting); r.status != 500 ||
+		!strings.Contains(logged.String(), want) || !strings.Contains(logged.String(), "(SQLSTATE 55000)") {
+		t.Errorf("the middleware without TenantSetting: %d, log %q; want it to say %q", r.status, logged.String(), want)
 	}
 }
 

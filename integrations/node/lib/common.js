@@ -100,6 +100,32 @@ function checkTenantSetting(name) {
   return name;
 }
 
+// The server's refusal of a claim when tenant isolation is on and its setting is unset (SQLSTATE
+// 55000).  Its hint says to run set_config by hand: with this package, the tenantSetting option does.
+const TENANT_UNSET = /^tenant isolation is on, but "([^"]+)" is not set$/;
+
+/**
+ * The error to pass on for an error of the claim: the server's refusal for an unset tenant setting
+ * becomes one naming this package's tenantSetting option (where: 'idempotency()' or 'idempotent()',
+ * whose: "request's" or "message's"), with the SQLSTATE kept as its code and the server's error as
+ * its cause; any other error is returned as it is.
+ */
+function tenantSettingError(e, setting, where, whose) {
+  const m = e && e.code === '55000' && typeof e.message === 'string' ? TENANT_UNSET.exec(e.message) : null;
+  if (!m) return e;
+  const wanted = m[1];
+  const text = setting
+    ? `Tenant isolation is on and its policy reads "${wanted}", but ${where} was given tenantSetting: '${setting}'`
+      + ` (SQLSTATE 55000). Give tenantSetting: '${wanted}'.`
+    : `Tenant isolation is on, but "${wanted}" is not set (SQLSTATE 55000): give ${where} the tenantSetting option,`
+      + ` tenantSetting: '${wanted}', and it sets "${wanted}" to each ${whose} tenant in the claim's transaction.`;
+  const error = new Error(text, { cause: e });
+  error.name = 'TenantSettingError';
+  error.code = e.code;                      // the SQLSTATE, as on node-postgres' own errors
+  error.setting = wanted;
+  return error;
+}
+
 /** Order of code points (as Python sorts str), not of UTF-16 units: a character above U+FFFF
  *  (a surrogate pair) sorts after U+E000..U+FFFF. */
 function byCodePoint(a, b) {
@@ -144,6 +170,6 @@ const sha256 = (...parts) => {
 
 module.exports = {
   MAX_IDENTIFIER_BYTES, SET_TENANT_SQL, TITLES, DEFAULT_REPLAYED_HEADERS, Refused, IdempotencyError, parseIdentifier,
-  checkTenantSetting, canonicalJson, sha256, retryAfterSql, defaultStoreStatus, perCall, RETRY_AFTER_MIN,
-  RETRY_AFTER_MAX,
+  checkTenantSetting, tenantSettingError, canonicalJson, sha256, retryAfterSql, defaultStoreStatus, perCall,
+  RETRY_AFTER_MIN, RETRY_AFTER_MAX,
 };

@@ -20,7 +20,7 @@
  * that JSON read back, so every delivery sees the same value.
  */
 const {
-  MAX_IDENTIFIER_BYTES, SET_TENANT_SQL, IdempotencyError, checkTenantSetting, perCall, retryAfterSql,
+  MAX_IDENTIFIER_BYTES, SET_TENANT_SQL, IdempotencyError, checkTenantSetting, tenantSettingError, perCall, retryAfterSql,
 } = require('./common');
 const { valueGetter, payloadFingerprint, jmesPath } = require('./paths');
 const { traced } = require('./telemetry');
@@ -132,7 +132,8 @@ function idempotent(fn, {
         const { rows: [claim] } = await traced('idem_claim', client, () => client.query(
           `SELECT outcome, token, response, ${retryAfterSql('$6')} AS retry_after
              FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
-          [tenantValue, keyValue, fingerprint, callLease, callTtl, callWait]), (result) => result.rows[0].outcome);
+          [tenantValue, keyValue, fingerprint, callLease, callTtl, callWait]), (result) => result.rows[0].outcome)
+          .catch((e) => { throw tenantSettingError(e, setting, 'idempotent()', "message's"); });
         outcome = claim;
         if (claim.outcome === 'claimed') {
           const result = await fn(client, message, ...rest);

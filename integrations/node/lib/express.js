@@ -34,8 +34,8 @@
  * JSON.parse on the way).
  */
 const {
-  SET_TENANT_SQL, TITLES, DEFAULT_REPLAYED_HEADERS, Refused, parseIdentifier, checkTenantSetting, canonicalJson, sha256,
-  retryAfterSql, defaultStoreStatus, perCall,
+  SET_TENANT_SQL, TITLES, DEFAULT_REPLAYED_HEADERS, Refused, parseIdentifier, checkTenantSetting, tenantSettingError,
+  canonicalJson, sha256, retryAfterSql, defaultStoreStatus, perCall,
 } = require('./common');
 const { traced } = require('./telemetry');
 
@@ -206,7 +206,7 @@ function idempotency({ pool, tenant = 'X-Client-Id', lease = null, ttl = null, w
       if (claim.outcome !== 'claimed') await db.query('COMMIT');
     } catch (e) {
       await finish(db, 'ROLLBACK');
-      return next(e);
+      return next(tenantSettingError(e, setting, 'idempotency()', "request's"));
     }
     if (claim.outcome !== 'claimed') {
       db.release();

@@ -100,3 +100,25 @@ test('tenantSetting must name a custom setting: refused when the middleware or w
   }
   assert.doesNotThrow(() => idempotency({ pool: { connect() {} }, tenantSetting: 'app.tenant' }));
 });
+
+test('without tenantSetting under isolation, the error names the tenantSetting option, SQLSTATE 55000 kept', { skip: skipReason }, async () => {
+  const reply = await post({}, SHOP, 'iso-named');
+  const unset = await idempotent(async () => 'ran', { key: 'id', tenant: SHOP })(pool, { id: 'iso-named-msg' })
+    .catch((e) => e);
+  const other = await idempotent(async () => 'ran', { key: 'id', tenant: SHOP, tenantSetting: 'app.other_tenant' })(
+    pool, { id: 'iso-named-other' }).catch((e) => e);
+  if (!TENANT_SETTING) {
+    assert.deepEqual([reply.status, unset, other], [201, 'ran', 'ran']);
+    return;
+  }
+  // the server's hint says set_config by hand: the package names its own option instead
+  for (const [e, where] of [[reply.errors[0], 'idempotency()'], [unset, 'idempotent()']]) {
+    assert.equal(e?.code, '55000', `${where}: ${e}`);
+    assert.equal(e.cause?.code, '55000', `${where}: the server's error is its cause`);
+    assert.ok(e.message.includes(`give ${where} the tenantSetting option, tenantSetting: '${TENANT_SETTING}'`), e.message);
+    assert.doesNotMatch(e.message, /set_config/);
+  }
+  assert.equal(other?.code, '55000', String(other));
+  assert.ok(other.message.includes(`its policy reads "${TENANT_SETTING}", but idempotent() was given tenantSetting:`
+    + " 'app.other_tenant'"), other.message);
+});

@@ -152,6 +152,19 @@ async def check_tenant_setting(check, pool, tenant_setting, rows):
         check(status == 201 and state is None and rows(14) == 1,
               "fastapi, isolation off: an Idempotency made without tenant_setting runs the endpoint",
               f"{status} {state} {body[:200]!r}")
+    if tenant_setting:
+        # the server's hint says set_config by hand: the error names this package's option instead
+        e = errors[0] if errors else None
+        check(isinstance(e, psycopg.Error) and e.sqlstate == "55000" and "set_config" not in str(e)
+              and f'give Idempotency(...) the tenant_setting option, tenant_setting="{tenant_setting}"' in str(e),
+              "fastapi, isolation on: without tenant_setting the error names the option (tenant_setting=), not"
+              " set_config, and keeps SQLSTATE 55000", repr(e))
+    # a request without the tenant's header: a 400 that names the header, not "... not NoneType"
+    status, _, body = await post(make_app(pool, tenant_setting), {"amount": 15}, (("Idempotency-Key", "no-tenant"),))
+    detail = json.loads(body).get("detail", "") if body.startswith(b"{") else body
+    check(status == 400 and "The X-Client-Id header is missing" in detail and "NoneType" not in detail
+          and rows(15) == 0, "fastapi: a request without the tenant header is refused with 400, naming the header",
+          f"{status} {body[:300]!r}")
 
 
 # ---------------------------------------------------------------- the options shared with Node.js and Go

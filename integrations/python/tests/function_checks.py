@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import psycopg
 
-from idempotency_pg import (IdempotencyInProgressError, IdempotencyKeyError, IdempotencyPayloadMismatchError,
-                            IdempotencyStoredFailureError, idempotent_function)
+from idempotency_pg import (IdempotencyError, IdempotencyInProgressError, IdempotencyKeyError,
+                            IdempotencyPayloadMismatchError, IdempotencyStoredFailureError, idempotent_function)
 from idempotency_pg.core import _MISSING as MISSING, lookup, parse_path
 
 SCHEMA = """
@@ -196,6 +196,34 @@ def check_tenant_setting(check, admin, app):
     else:
         check(result == {"ran": True} and calls.get("unset") == 1,
               "consumer, isolation off: a function decorated without tenant_setting runs", f"{state} {result}")
+    if setting:
+        check_tenant_setting_named(check, app)
+
+
+def check_tenant_setting_named(check, app):
+    """With isolation on, the server's refusal for an unset setting (its hint: set_config by hand)
+    comes back naming this package's option, tenant_setting=, still a psycopg error of SQLSTATE 55000;
+    a decorator given another setting's name is told which one the policy reads."""
+    named = {}
+    for given in (None, "app.other_tenant"):
+        @idempotent_function(key="id", tenant="no-setting", tenant_setting=given)
+        def unnamed(conn, event):
+            return {"ran": True}
+        try:
+            unnamed(app, {"id": f"named-{given}"})
+        except psycopg.Error as e:
+            named[given] = e
+    unset, other = named.get(None), named.get("app.other_tenant")
+    check(isinstance(unset, IdempotencyError) and unset.sqlstate == "55000"
+          and getattr(unset.__cause__, "sqlstate", None) == "55000" and "set_config" not in str(unset)
+          and f'give idempotent_function(...) the tenant_setting option, tenant_setting="{setting}"' in str(unset),
+          "consumer, isolation on: without tenant_setting the error names the option (tenant_setting=), not"
+          " set_config, and keeps SQLSTATE 55000", repr(unset))
+    check(isinstance(other, IdempotencyError) and other.sqlstate == "55000"
+          and f'its policy reads "{setting}", but idempotent_function(...) was given'
+              ' tenant_setting="app.other_tenant"' in str(other),
+          "consumer, isolation on: a tenant_setting naming another setting is told the one the policy reads",
+          repr(other))
 
 
 def check_isolated(check, admin, app):

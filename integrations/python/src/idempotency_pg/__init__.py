@@ -10,12 +10,13 @@ need neither FastAPI nor pydantic.
 """
 from .core import (RETRY_AFTER_MAX, RETRY_AFTER_MIN, IdempotencyError, IdempotencyInProgressError,
                    IdempotencyKeyError, IdempotencyPayloadMismatchError, IdempotencyStoredFailureError)
-from .function import idempotent_function
+from .function import IdempotencyTenantSettingError, idempotent_function
 
 __version__ = "2.0.0"
 # the oldest extension version this package works with (idem_claim's wait and expires_at)
 EXTENSION_VERSION = "1.2"
 
 __all__ = ["IdempotencyError", "IdempotencyInProgressError", "IdempotencyKeyError",
-           "IdempotencyPayloadMismatchError", "IdempotencyStoredFailureError", "idempotent_function",
+           "IdempotencyPayloadMismatchError", "IdempotencyStoredFailureError", "IdempotencyTenantSettingError",
+           "idempotent_function",
            "__version__", "EXTENSION_VERSION", "RETRY_AFTER_MIN", "RETRY_AFTER_MAX"]

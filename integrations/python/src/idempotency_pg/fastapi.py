@@ -55,6 +55,7 @@ from psycopg.types.json import Jsonb
 from .core import (DEFAULT_REPLAYED_HEADERS, RETRY_AFTER_SQL, SET_TENANT_SQL, TITLE_IN_PROGRESS, TITLE_KEY_INVALID,
                    TITLE_KEY_REQUIRED, TITLE_MISMATCH, TITLE_TENANT_INVALID, IdempotencyKeyError, check_identifier,
                    check_tenant_setting, default_store_status, interval_text, sha256_hex)
+from .function import naming_tenant_setting
 
 __all__ = ["DEFAULT_REPLAYED_HEADERS", "Claim", "Idempotency", "default_store_status", "fingerprint",
            "parse_idempotency_key", "problem"]
@@ -282,6 +283,8 @@ class Idempotency:
                 if not self.key_required:
                     return await self.run_without_key(handler, status_code)
                 return problem(400, TITLE_KEY_REQUIRED, "Send a unique key per operation, e.g. a UUID v4.")
+            if tenant is None:      # not "... not NoneType": say where the tenant was to come from
+                return problem(400, TITLE_TENANT_INVALID, self.missing_tenant())
             try:
                 tenant = check_identifier(tenant, "tenant", printable_ascii=True)
             except IdempotencyKeyError as e:
@@ -294,6 +297,15 @@ class Idempotency:
         endpoint.__signature__ = signature.replace(parameters=visible)
         del endpoint.__wrapped__          # FastAPI must see the signature above, not func's
         return endpoint
+
+    def missing_tenant(self) -> str:
+        if callable(self.tenant):
+            name = getattr(self.tenant, "__qualname__", repr(self.tenant))
+            return (f"The tenant dependency {name} returned None: it must return the tenant, e.g. the"
+                    " authenticated principal's id.")
+        return (f"The {self.tenant} header is missing: it names the tenant whose keys these are. Send it"
+                f" ({self.tenant}: <tenant>), or give Idempotency tenant= another header's name or a dependency"
+                " returning the authenticated principal.")
 
     async def run(self, tenant: str, key: str, fp: Optional[str], handler: Callable,
                   status_code: int = 200, intervals=None) -> Response:
@@ -315,10 +327,12 @@ class Idempotency:
                 cur = conn.cursor(row_factory=tuple_row)
                 if self.tenant_setting:
                     await cur.execute(SET_TENANT_SQL, (self.tenant_setting, tenant))
-                await cur.execute(
-                    f"SELECT outcome, token, response, {BODY_TEXT.format('response')}, {RETRY_AFTER_SQL}"
-                    " FROM idem_claim(%s, %s, %s, lease => %s::interval, ttl => %s::interval, wait => %s::interval)",
-                    (wait, tenant, key, fp, lease, ttl, wait))
+                with naming_tenant_setting(self.tenant_setting, "Idempotency(...)", "request's"):
+                    await cur.execute(
+                        f"SELECT outcome, token, response, {BODY_TEXT.format('response')}, {RETRY_AFTER_SQL}"
+                        " FROM idem_claim(%s, %s, %s,"
+                        " lease => %s::interval, ttl => %s::interval, wait => %s::interval)",
+                        (wait, tenant, key, fp, lease, ttl, wait))
                 outcome, token, stored, body, retry_after = await cur.fetchone()
                 if outcome in ("replay", "failed"):
                     return render(stored, body, replayed=True), True

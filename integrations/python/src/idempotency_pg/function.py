@@ -21,21 +21,23 @@ One transaction on the function's own connection:
 If the function raises, the transaction rolls back: its writes and the claim
 disappear together, and the next delivery runs it again.
 """
+import contextlib
 import dataclasses
 import functools
 import inspect
 import json
+import re
 from typing import Any, Callable, Iterable, Optional, Union
 
 import psycopg
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
-from .core import (RETRY_AFTER_SQL, SET_TENANT_SQL, IdempotencyInProgressError, IdempotencyKeyError,
-                   IdempotencyPayloadMismatchError, IdempotencyStoredFailureError, check_identifier,
-                   check_tenant_setting, interval_text, jsonable, payload_fingerprint, value_getter)
+from .core import (RETRY_AFTER_SQL, SET_TENANT_SQL, IdempotencyError, IdempotencyInProgressError,
+                   IdempotencyKeyError, IdempotencyPayloadMismatchError, IdempotencyStoredFailureError,
+                   check_identifier, check_tenant_setting, interval_text, jsonable, payload_fingerprint, value_getter)
 
-__all__ = ["idempotent_function"]
+__all__ = ["IdempotencyTenantSettingError", "idempotent_function"]
 
 # the first parameter is the call's wait, for retry_after (as the HTTP integration's 409 says it)
 CLAIM_SQL = (f"SELECT outcome, token, response, expires_at, {RETRY_AFTER_SQL} FROM idem_claim(%s, %s, %s,"
@@ -44,6 +46,44 @@ CLAIM_SQL = (f"SELECT outcome, token, response, expires_at, {RETRY_AFTER_SQL} FR
 COMPLETE_SQL = "SELECT d.r FROM (SELECT %s::jsonb) AS d(r), idem_complete(%s, %s, %s, response => d.r)"
 CONNECTIONS = (psycopg.Connection, psycopg.AsyncConnection)
 _REQUIRED = object()
+# The server's refusal of a claim when tenant isolation is on and its setting is unset (SQLSTATE
+# 55000).  Its hint says to run set_config by hand: with this package, tenant_setting= does.
+TENANT_UNSET = re.compile(r'tenant isolation is on, but "([^"]+)" is not set')
+
+
+class IdempotencyTenantSettingError(IdempotencyError, psycopg.errors.ObjectNotInPrerequisiteState):
+    """Tenant isolation is on, and the setting its policy reads was not set
+    before the claim: the decorator or the Idempotency was made without
+    tenant_setting= (or with another setting's name).  A psycopg error of
+    SQLSTATE 55000 (.sqlstate), as the server's, which is its __cause__;
+    .setting is the setting the policy reads."""
+
+    def __init__(self, message: str, setting: str):
+        super().__init__(message)
+        self.setting = setting
+
+
+@contextlib.contextmanager
+def naming_tenant_setting(given: Optional[str], where: str, whose: str):
+    """Around a claim: the server's 55000 for an unset tenant setting is raised
+    again as IdempotencyTenantSettingError, naming this package's tenant_setting
+    option (where: the decorator or class it is given to; whose: "request's",
+    "event's"); any other error passes unchanged."""
+    try:
+        yield
+    except psycopg.errors.ObjectNotInPrerequisiteState as e:
+        m = TENANT_UNSET.fullmatch(e.diag.message_primary or "")
+        if m is None or isinstance(e, IdempotencyTenantSettingError):
+            raise
+        wanted = m.group(1)
+        if given:
+            text = (f'Tenant isolation is on and its policy reads "{wanted}", but {where} was given'
+                    f' tenant_setting="{given}" (SQLSTATE 55000). Give tenant_setting="{wanted}".')
+        else:
+            text = (f'Tenant isolation is on, but "{wanted}" is not set (SQLSTATE 55000): give {where} the'
+                    f' tenant_setting option, tenant_setting="{wanted}", and it sets "{wanted}" to each {whose}'
+                    " tenant in the claim's transaction.")
+        raise IdempotencyTenantSettingError(text, wanted) from e
 
 
 def _per_call(value, what):
@@ -190,7 +230,8 @@ def _decorate(func, options):
                 cur = conn.cursor(row_factory=tuple_row)
                 if settings.tenant_setting:
                     await cur.execute(SET_TENANT_SQL, (settings.tenant_setting, claim_args[0]))
-                await cur.execute(CLAIM_SQL, (claim_args[5], *claim_args))
+                with naming_tenant_setting(settings.tenant_setting, "idempotent_function(...)", "event's"):
+                    await cur.execute(CLAIM_SQL, (claim_args[5], *claim_args))
                 outcome, token, stored, *expiry = await cur.fetchone()
                 if outcome == "claimed":
                     result = await func(*args, **kwargs)
@@ -210,7 +251,8 @@ def _decorate(func, options):
             cur = conn.cursor(row_factory=tuple_row)
             if settings.tenant_setting:
                 cur.execute(SET_TENANT_SQL, (settings.tenant_setting, claim_args[0]))
-            cur.execute(CLAIM_SQL, (claim_args[5], *claim_args))
+            with naming_tenant_setting(settings.tenant_setting, "idempotent_function(...)", "event's"):
+                cur.execute(CLAIM_SQL, (claim_args[5], *claim_args))
             outcome, token, stored, *expiry = cur.fetchone()
             if outcome == "claimed":
                 result = func(*args, **kwargs)
