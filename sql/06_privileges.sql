@@ -57,6 +57,17 @@ RESET ROLE;
 DROP POLICY tenant_app ON idempotency_records;
 ALTER TABLE idempotency_records DISABLE ROW LEVEL SECURITY;
 
+-- A missing privilege is named by the function that needs it, with the
+-- GRANT that gives it: without DELETE, a release without a failure (which
+-- deletes the claim) is refused, written at once or held alike.
+REVOKE DELETE ON idempotency_records FROM idem_app;
+SET ROLE idem_app;
+SELECT idem_release('app', 'p-5', token) FROM idem_claim('app', 'p-5');
+SET idempotency.defer_writes = off;
+SELECT idem_release('app', 'p-6', token) FROM idem_claim('app', 'p-6');
+RESET idempotency.defer_writes;
+RESET ROLE;
+
 REVOKE ALL ON idempotency_records FROM idem_app;
 REVOKE ALL ON FUNCTION idem_claim(text, text, text, interval, interval, interval),
                        idem_complete(text, text, bigint, jsonb),

@@ -6,6 +6,7 @@
 #ifndef IDEM_COMPAT_H
 #define IDEM_COMPAT_H
 
+#include "access/tableam.h"
 #include "catalog/pg_namespace.h"
 #include "executor/executor.h"
 #include "utils/acl.h"
@@ -55,6 +56,33 @@
 #define idem_lock_held_by_me(tag, mode) LockHeldByMe(tag, mode, false)
 #else
 #define idem_lock_held_by_me(tag, mode) LockHeldByMe(tag, mode)
+#endif
+
+/*
+ * PostgreSQL 16 told an UPDATE which indexes to insert into (TU_None,
+ * TU_Summarizing, TU_All) instead of a bool, and gave
+ * ExecInsertIndexTuples an "only summarizing indexes" argument.
+ *
+ * Its "update" argument is passed false for the new version of an updated
+ * row too: it only decides whether btree is hinted that the key is
+ * unchanged (bottom-up deletion), and asking that reads the updated
+ * columns from the EState's range table, which a write without a
+ * statement (store_direct.c) has none of.  The entries are the same.
+ */
+#if PG_VERSION_NUM >= 160000
+typedef TU_UpdateIndexes IdemUpdateIndexes;
+#define idem_update_needs_indexes(u) ((u) != TU_None)
+#define idem_insert_index_tuples(rri, slot, estate) \
+	ExecInsertIndexTuples(rri, slot, estate, false, false, NULL, NIL, false)
+#define idem_insert_index_tuples_for_update(rri, slot, estate, u) \
+	ExecInsertIndexTuples(rri, slot, estate, false, false, NULL, NIL, (u) == TU_Summarizing)
+#else
+typedef bool IdemUpdateIndexes;
+#define idem_update_needs_indexes(u) (u)
+#define idem_insert_index_tuples(rri, slot, estate) \
+	ExecInsertIndexTuples(rri, slot, estate, false, false, NULL, NIL)
+#define idem_insert_index_tuples_for_update(rri, slot, estate, u) \
+	ExecInsertIndexTuples(rri, slot, estate, false, false, NULL, NIL)
 #endif
 
 /*

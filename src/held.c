@@ -39,9 +39,12 @@
  *	  transactions only see the final state: one INSERT of the record as it
  *	  ends (none for a release without failure).
  *
- * The writes run as the table's owner: the caller's privileges were
- * checked when the claim and its settle happened, as the INSERT and UPDATE
- * would have checked them then, and a later REVOKE must not reach back.
+ * The caller's privileges are checked when the claim and its settle
+ * happen, as the INSERT and UPDATE would have checked them then; the rows
+ * are written later without those checks (store_direct.c), as the table's
+ * owner in a security-restricted operation, so a REVOKE committed in
+ * between does not reach back, as it does not for a written claim
+ * (test/isolation/specs/held-claim-revoke.spec).
  *
  * Held claims and their copies live in a context of their own, under
  * TopTransactionContext, freed claim by claim as they are written.
@@ -69,6 +72,7 @@
 #include "idempotency.h"
 #include "store.h"
 #include "store_attach.h"
+#include "store_direct.h"
 #include "table_shape.h"
 #include "validate.h"
 
@@ -401,38 +405,53 @@ write_steps(IdemHeldClaim *p, HeldWrite what)
 	IdemKey		k = {p->tenant_id, p->key};
 	bool		final_only = what == WRITE_FINAL;
 	bool		finished = p->settle == IDEM_HELD_FINISHED;
+	Oid			table = idem_store_table();
+	IdemDirectRow row = {
+		.key = &k,
+		.token = p->token,
+		.created_at = p->created_at,
+		.lease_expires_at = p->lease_expires_at,
+		.ttl_us = p->ttl_us,
+		.fingerprint = p->fingerprint,
+	};
+	ItemPointerData tid;
 
 	if (final_only && p->settle == IDEM_HELD_RELEASED)
 		return;
 
 	/* the row as the claim inserted it, or as the settle left it */
-	idem_store_stamp_writes(final_only ? InvalidCommandId : p->claim_cid);
-	idem_store_write_once(&k, p->fingerprint, p->token, p->created_at,
-						  final_only && finished ? p->settled_at : p->created_at,
-						  p->lease_expires_at, p->ttl_us,
-						  final_only ? p->status : IDEM_PROCESSING,
-						  final_only ? p->response : (Datum) 0,
-						  final_only ? p->response_isnull : true,
-						  NULL, (Datum) 0);
+	row.status = final_only ? p->status : IDEM_PROCESSING;
+	row.updated_at = final_only && finished ? p->settled_at : p->created_at;
+	row.response = final_only ? p->response : (Datum) 0;
+	row.response_isnull = final_only ? p->response_isnull : true;
+	tid = idem_direct_insert(table, &row,
+							 final_only ? GetCurrentCommandId(true) : p->claim_cid);
 	if (final_only || p->settle == IDEM_HELD_OPEN)
 		return;
 
-	idem_store_stamp_writes(p->settle_cid);
-	if (finished ?
-		!idem_store_finish(&k, p->token, p->status, p->response,
-						   p->response_isnull, p->settled_at) :
-		!idem_store_delete_claim(&k, p->token))
-		elog(ERROR, "held claim of key \"%s\" could not be settled",
-			 text_to_cstring(p->key));
+	if (finished)
+	{
+		row.status = p->status;
+		row.updated_at = p->settled_at;
+		row.response = p->response;
+		row.response_isnull = p->response_isnull;
+		idem_direct_update(table, &tid, &row, p->settle_cid);
+	}
+	else
+		idem_direct_delete(table, &tid, p->settle_cid);
 }
 
 /*
  * Write a held claim, as its table's owner, with the transaction's
  * read-only flag as it was when the claim was held (a write that, logically,
- * already happened).  The INSERT has no ON CONFLICT: the key lock is held
+ * already happened).  The rows are written without the executor's privilege
+ * checks (store_direct.c): the caller's were made when the claim and its
+ * settle happened, as the written claim's statements made them, so a REVOKE
+ * committed since cannot fail the write (or the COMMIT) that the written
+ * claim had long done.  The insert has no ON CONFLICT: the key lock is held
  * and the key was read free after taking it, so a conflict means a record
- * written around the lock, and its unique violation never reaches the
- * caller: it becomes the lost-claim error.
+ * written around the lock, and the key index's unique violation never
+ * reaches the caller: it becomes the lost-claim error.
  */
 static void
 write_as_owner(IdemHeldClaim *p, HeldWrite what)
@@ -454,16 +473,13 @@ write_as_owner(IdemHeldClaim *p, HeldWrite what)
 	XactReadOnly = false;
 	PG_TRY();
 	{
-		idem_store_begin_in_schema(p->schema);
+		idem_store_attach_schema(p->schema);
 		write_steps(p, what);
-		idem_store_stamp_writes(InvalidCommandId);
-		idem_store_end();
 	}
 	PG_CATCH();
 	{
 		ErrorData  *edata;
 
-		idem_store_stamp_writes(InvalidCommandId);
 		XactReadOnly = save_read_only;
 		SetUserIdAndSecContext(save_userid, save_sec_context);
 		MemoryContextSwitchTo(caller_context);

@@ -34,7 +34,7 @@
  * statements sent as one string) writes them at pre-commit.
  *
  * Our own statements (store_attach.c) are planned with sequential scans
- * discouraged, and their writes stamped when a held claim is written.  On
+ * discouraged.  On
  * a Citus server the planner hook refuses a call shape Citus crashes on
  * (citus.c), DROP EXTENSION drops a distributed table's shards first, and
  * ALTER EXTENSION idempotency UPDATE is refused while the table carries an
@@ -129,7 +129,7 @@ run_ExecutorStart(QueryDesc *queryDesc, int eflags)
 
 /*
  * A statement is starting while claims are held, or one of our own is:
- * write held claims if it could read them; stamp our own writes.
+ * write held claims if it could read them (ours never do).
  */
 static void
 armed_ExecutorStart(QueryDesc *queryDesc, int eflags)
@@ -141,8 +141,6 @@ armed_ExecutorStart(QueryDesc *queryDesc, int eflags)
 		(plan->parallelModeNeeded || idem_held_table_in(plan->relationOids)))
 		idem_held_write_all();
 	run_ExecutorStart(queryDesc, eflags);
-	if (ours)
-		idem_store_statement_started(queryDesc);
 }
 
 static void

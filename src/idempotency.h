@@ -24,6 +24,7 @@
  *					have been (the setting keeps its first name, defer_writes)
  *	4 store.c		the statements of one key (SPI)
  *	4 store_sweep.c	the sweep statements, and the Citus placement fallback
+ *	4 store_direct.c	a held claim's rows, without the executor's privilege checks
  *	3 store_attach.c	attaching the records table; preparing and running a statement
  *	2 direct_read.c	a record read by primary key without SPI (the replay fast path)
  *	2 citus.c		whether the table is distributed, and this node's shards

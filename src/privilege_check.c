@@ -32,6 +32,19 @@ static const struct
 	{ACL_DELETE, "DELETE"},
 };
 
+/* Does role lack USAGE on table's schema, or a privilege of needed on table? */
+bool
+idem_table_privileges_missing(Oid table, Oid role, AclMode needed)
+{
+	if (idem_namespace_aclcheck(get_rel_namespace(table), role, ACL_USAGE) != ACLCHECK_OK)
+		return true;
+	for (size_t i = 0; i < lengthof(table_privileges); i++)
+		if ((needed & table_privileges[i].mode) &&
+			pg_class_aclcheck(table, role, table_privileges[i].mode) != ACLCHECK_OK)
+			return true;
+	return false;
+}
+
 /*
  * Raise 42501 unless role holds USAGE on table's schema and every privilege
  * of needed on table.  The error names function, the first privilege

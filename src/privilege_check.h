@@ -8,6 +8,7 @@
 
 #include "nodes/parsenodes.h"
 
+extern bool idem_table_privileges_missing(Oid table, Oid role, AclMode needed);
 extern void idem_require_table_privileges(Oid table, Oid role, AclMode needed,
 										  const char *function);
 

@@ -138,22 +138,6 @@ const IdemStatement idem_statements[NUM_QUERIES] = {
 			TEXTOID),
 	},
 
-	/*
-	 * A held claim written in its final form (held.c).  No ON
-	 * CONFLICT: the writer holds the key lock and read after taking it that
-	 * the key is free, so only a record written around the lock can
-	 * conflict, and held.c turns that error into its own.
-	 */
-	[Q_WRITE_ONCE] = {
-		.text =
-		"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
-		" created_at, updated_at, ttl, status, fingerprint, response @CHECKPOINT_COLUMNS@)"
-		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11 @CHECKPOINT_VALUES@)",
-		ARGS(TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-			TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID, TEXTOID, TEXTOID, JSONBOID,
-			TEXTOID, JSONBOID),
-	},
-
 	/* $8: a new lifetime (expired record reused) rather than a takeover */
 	[Q_TAKE_OVER] = {
 		.text =
@@ -346,8 +330,6 @@ const IdemStatement idem_statements[NUM_QUERIES] = {
 static const char *const checkpoint_parts[][3] = {
 	{"@POINT@", "recovery_point", "NULL::pg_catalog.text"},
 	{"@STATE@", "state", "NULL::pg_catalog.jsonb"},
-	{"@CHECKPOINT_COLUMNS@", ", recovery_point, state", ""},
-	{"@CHECKPOINT_VALUES@", ", $12, $13", ""},
 	{"@CHECKPOINT_RESET@",
 		", recovery_point = CASE WHEN $8 THEN NULL ELSE recovery_point END,"
 		" state = CASE WHEN $8 THEN NULL ELSE state END", ""},

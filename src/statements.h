@@ -13,7 +13,6 @@ typedef enum IdemQuery
 {
 	Q_READ,
 	Q_INSERT,
-	Q_WRITE_ONCE,
 	Q_INSERT_MANY,
 	Q_INSERT_MANY_PLAIN,
 	Q_TAKE_OVER,

@@ -199,46 +199,6 @@ idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
 }
 
 /*
- * Write the record of a claim that was held rather than written
- * (held.c), as it stands: processing until lease_expires_at, or already
- * completed or failed and kept for ttl from now.  A plain INSERT: a record
- * that exists raises a unique violation, which the caller must catch.
- */
-void
-idem_store_write_once(const IdemKey *k, text *fingerprint, int64 token,
-					  TimestampTz created_at, TimestampTz now,
-					  TimestampTz lease_expires_at, int64 ttl_us,
-					  IdemStatus status, Datum response, bool response_isnull,
-					  text *recovery_point, Datum state)
-{
-	Datum		values[13];
-	char		nulls[14] = "             ";
-	bool		processing = status == IDEM_PROCESSING;
-
-	values[0] = PointerGetDatum(k->tenant_id);
-	values[1] = PointerGetDatum(k->key);
-	values[2] = Int64GetDatum(token);
-	values[3] = TimestampTzGetDatum(processing ? lease_expires_at :
-									idem_add_duration(now, ttl_us, "ttl"));
-	values[4] = TimestampTzGetDatum(lease_expires_at);
-	nulls[4] = processing ? ' ' : 'n';
-	values[5] = TimestampTzGetDatum(created_at);
-	values[6] = TimestampTzGetDatum(now);
-	values[7] = interval_datum(ttl_us);
-	values[8] = CStringGetTextDatum(idem_status_name(status));
-	values[9] = PointerGetDatum(fingerprint);
-	nulls[9] = fingerprint ? ' ' : 'n';
-	values[10] = response;
-	nulls[10] = response_isnull ? 'n' : ' ';
-	values[11] = PointerGetDatum(recovery_point);
-	nulls[11] = recovery_point ? ' ' : 'n';
-	values[12] = state;
-	nulls[12] = state ? ' ' : 'n';
-
-	(void) idem_store_run(Q_WRITE_ONCE, values, nulls, false, 0);
-}
-
-/*
  * Give an expired record (stale claim, or retention over) to a new claim
  * with token new_token: processing, new lease.  Fails (returns false) if
  * the record changed since it was read.

@@ -18,13 +18,6 @@ extern uint64 idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
 extern bool idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
 							  TimestampTz now, TimestampTz lease_expires_at,
 							  int64 ttl_us);
-extern void idem_store_write_once(const IdemKey *k, text *fingerprint,
-								  int64 token, TimestampTz created_at,
-								  TimestampTz now,
-								  TimestampTz lease_expires_at, int64 ttl_us,
-								  IdemStatus status, Datum response,
-								  bool response_isnull, text *recovery_point,
-								  Datum state);
 extern bool idem_store_take_over(const IdemKey *k, int64 old_token,
 								 int64 new_token, text *fingerprint,
 								 bool new_lifetime, TimestampTz now,

@@ -4,14 +4,20 @@
  *		(statements.c) on it: attach, plans, and the one place a statement
  *		is run.
  *
- * Every write, and every read but the replay fast path (direct_read.c), is
- * a prepared SPI statement on the schema-qualified table, never a direct
- * heap or index scan: privileges and row-level security stay in force, and
- * the same statements work when the table is a distributed shell on a
- * scale-out cluster (citus.c).  A call attaches first (idem_store_begin):
- * the table is found through the schema of the function called, locked,
- * its shape checked (table_shape.c), and what the call needs to know about
- * it cached until the table's relcache entry is next invalidated.
+ * Every read but the replay fast path (direct_read.c), and every write but
+ * a held claim's (store_direct.c, whose privileges were checked when the
+ * claim was made), is a prepared SPI statement on the schema-qualified
+ * table, never a direct heap or index scan: the caller's privileges and
+ * row-level security apply to it, and the same statements work when the
+ * table is a distributed shell on a scale-out cluster (citus.c).  The two
+ * shortcuts decide as the statements would (direct_read.c, held.c), after
+ * the table is locked.  A call attaches first (idem_store_begin): the table
+ * is found through the schema of the function called, locked, its shape
+ * checked (table_shape.c), and what the call needs to know about it cached
+ * until the table's relcache entry is next invalidated; the lock is taken
+ * again at every call, before the cache is trusted.  Paths that run with
+ * more rights than their caller attach as the table's owner, in a
+ * security-restricted operation (idem_store_begin_as_owner).
  *
  * Plans on the table are prepared once per backend and kept; they are
  * forgotten when an attach finds another table (the extension was dropped
@@ -78,19 +84,17 @@ typedef struct StoreCall
 								 * sweeper on a Citus node), or InvalidOid */
 	SPIPlanPtr	shard_plans[NUM_QUERIES];	/* the sweep statements on it,
 											 * in the SPI connection */
-	CommandId	stamp_cid;		/* our writes' command ID when a held
-								 * claim is written (held.c), or
-								 * InvalidCommandId */
+	Oid			function;		/* the SQL function of the call, named when
+								 * a statement is refused a privilege */
 } StoreCall;
 
-static StoreCall call = {.sweep_shard = InvalidOid, .stamp_cid = InvalidCommandId};
+static StoreCall call = {.sweep_shard = InvalidOid};
 
 static void
 clear_call(void)
 {
 	memset(&call, 0, sizeof(call));
 	call.sweep_shard = InvalidOid;
-	call.stamp_cid = InvalidCommandId;
 }
 
 /*
@@ -113,11 +117,9 @@ static bool syscache_callback_registered = false;
  *
  * idem_store_statement_starting is set from just before one of our
  * statements is run until its ExecutorStart (hooks.c), which takes it
- * (idem_store_take_statement_start) and, once the executor has started
- * the statement, calls idem_store_statement_started(): whatever is planned
- * in between is our statement, and whatever starts after it (a user's
- * trigger on the table) is not.  The command ID our writes are stamped
- * with, when a held claim is written (held.c), is applied there.
+ * (idem_store_take_statement_start): whatever is planned in between is
+ * our statement, and whatever starts after it (a user's trigger on the
+ * table) is not.
  */
 bool		idem_store_statement_starting = false;
 
@@ -134,25 +136,6 @@ idem_store_take_statement_start(void)
 
 	idem_store_statement_starting = false;
 	return ours;
-}
-
-/* One of our statements has started: stamp its writes if asked to. */
-void
-idem_store_statement_started(QueryDesc *queryDesc)
-{
-	if (call.stamp_cid != InvalidCommandId && queryDesc->estate != NULL)
-		queryDesc->estate->es_output_cid = call.stamp_cid;
-}
-
-/*
- * Stamp the rows our next statements write with command ID cid, the one
- * they would have had had they run when a held claim was made or settled
- * (held.c); InvalidCommandId stops it.
- */
-void
-idem_store_stamp_writes(CommandId cid)
-{
-	call.stamp_cid = cid;
 }
 
 /*
@@ -368,8 +351,19 @@ void
 idem_store_begin(FunctionCallInfo fcinfo)
 {
 	store_attach(function_schema(fcinfo->flinfo->fn_oid));
+	call.function = fcinfo->flinfo->fn_oid;
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
+}
+
+/*
+ * Attach the table in schema nsp, without a statement to run (held.c's
+ * writes go through store_direct.c).
+ */
+void
+idem_store_attach_schema(Oid nsp)
+{
+	store_attach(nsp);
 }
 
 /* The schema of the function being called: the extension's. */
@@ -500,6 +494,34 @@ idem_store_begin_maintenance(FunctionCallInfo fcinfo, AclMode needed,
 	}
 	idem_require_table_privileges(table, caller, needed, function);
 	idem_store_begin_as_owner(nsp, oc);
+}
+
+/*
+ * A sweep removes every tenant's expired records, so it must see them all:
+ * refuse, naming the fix, when row-level security applies to the role it
+ * runs as (the table's owner, under FORCE ROW LEVEL SECURITY), instead of
+ * sweeping only what a policy shows that role, which under tenant
+ * isolation is nothing.  Not on a Citus table, whose shards are swept on
+ * each node.
+ */
+void
+idem_store_require_whole_table(void)
+{
+	const char *name;
+
+	if (table_distributed ||
+		check_enable_rls(cached_table, InvalidOid, true) != RLS_ENABLED)
+		return;
+	name = quote_qualified_identifier(get_namespace_name(cached_schema),
+									  get_rel_name(cached_table));
+	ereport(ERROR,
+			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+			 errmsg("cannot sweep table %s: row-level security applies to role \"%s\"",
+					name, GetUserNameFromId(GetUserId(), false)),
+			 errdetail("A sweep runs as the table's owner and must see every tenant's expired "
+					   "records; FORCE ROW LEVEL SECURITY subjects the owner to the table's policies."),
+			 errhint("ALTER TABLE %s NO FORCE ROW LEVEL SECURITY, or give the owner BYPASSRLS.",
+					 name)));
 }
 
 /* End what idem_store_begin_as_owner() or _maintenance() started. */
@@ -692,6 +714,49 @@ store_plan(IdemQuery q, Datum *values)
 	return table_plan(q);
 }
 
+/* The table privileges statement q uses, as the executor checks them. */
+static AclMode
+statement_privileges(IdemQuery q)
+{
+	const char *text = idem_statements[q].text;
+	AclMode		needed = ACL_SELECT;	/* every statement reads a column */
+
+	if (strncmp(text, "INSERT", 6) == 0)
+		needed = ACL_INSERT | (strstr(text, "RETURNING") ? ACL_SELECT : 0);
+	else if (strncmp(text, "UPDATE", 6) == 0)
+		needed |= ACL_UPDATE;
+	else if (strncmp(text, "DELETE", 6) == 0)
+		needed |= ACL_DELETE;
+	if (strstr(text, " FOR UPDATE") || strstr(text, " FOR NO KEY UPDATE"))
+		needed |= ACL_UPDATE;
+	return needed;
+}
+
+/*
+ * A statement of the call just failed.  If it was refused a privilege on
+ * the table (or USAGE on its schema) that the caller indeed lacks, replace
+ * PostgreSQL's "permission denied for table idempotency_records", which
+ * names neither the function nor the grant, with an error that names
+ * both (privilege_check.c); any other error is left as it is.  Runs only
+ * on the error path, inside the PG_TRY every statement already has.
+ */
+static void
+report_refused_privilege(IdemQuery q, MemoryContext caller_context)
+{
+	AclMode		needed;
+	char	   *function;
+
+	if (!OidIsValid(call.function) || geterrcode() != ERRCODE_INSUFFICIENT_PRIVILEGE)
+		return;
+	MemoryContextSwitchTo(caller_context);
+	needed = statement_privileges(q);
+	if (!idem_table_privileges_missing(cached_table, GetUserId(), needed))
+		return;
+	function = psprintf("%s()", get_func_name(call.function));
+	FlushErrorState();
+	idem_require_table_privileges(cached_table, GetUserId(), needed, function);
+}
+
 /*
  * Run a prepared statement.  Reads that must see rows committed since the
  * statement began (the claim's retry loop) pass read_only = false, which
@@ -702,6 +767,7 @@ idem_store_run(IdemQuery q, Datum *values, const char *nulls, bool read_only,
 			   long tcount)
 {
 	SPIPlanPtr	plan = store_plan(q, values);
+	MemoryContext caller_context = CurrentMemoryContext;
 	int			rc;
 
 	idem_store_statement_starting = true;
@@ -709,11 +775,14 @@ idem_store_run(IdemQuery q, Datum *values, const char *nulls, bool read_only,
 	{
 		rc = SPI_execute_plan(plan, values, nulls, read_only, tcount);
 	}
-	PG_FINALLY();
+	PG_CATCH();
 	{
 		idem_store_statement_starting = false;
+		report_refused_privilege(q, caller_context);
+		PG_RE_THROW();
 	}
 	PG_END_TRY();
+	idem_store_statement_starting = false;
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	if (SPI_tuptable != NULL && idem_statements[q].ncolumns > 0)

@@ -6,7 +6,6 @@
 #ifndef IDEM_STORE_ATTACH_H
 #define IDEM_STORE_ATTACH_H
 
-#include "executor/execdesc.h"
 #include "fmgr.h"
 #include "nodes/parsenodes.h"
 
@@ -16,6 +15,7 @@
 /* a call: attach the table and connect to SPI, then end */
 extern void idem_store_begin(FunctionCallInfo fcinfo);
 extern void idem_store_begin_in_schema(Oid nsp);
+extern void idem_store_attach_schema(Oid nsp);
 extern Oid	idem_store_function_schema(FunctionCallInfo fcinfo);
 extern Oid	idem_store_extension_schema(void);
 extern void idem_store_check_tenant(FunctionCallInfo fcinfo, const text *tenant);
@@ -34,6 +34,7 @@ extern void idem_store_begin_as_owner(Oid nsp, IdemOwnerCall *oc);
 extern void idem_store_begin_maintenance(FunctionCallInfo fcinfo, AclMode needed,
 										 const char *function, IdemOwnerCall *oc);
 extern void idem_store_end_as_owner(IdemOwnerCall *oc);
+extern void idem_store_require_whole_table(void);
 extern void idem_store_call_aborted(void);
 
 /* the attached table */
@@ -44,9 +45,8 @@ extern bool idem_store_table_as_made(void);
 extern bool idem_store_has_checkpoints(void);
 extern bool idem_store_distributed(void);
 
-/* what the call's statements do: where sweeps go, how writes are stamped */
+/* what the call's statements do: where sweeps go */
 extern void idem_store_direct_sweeps_to(Oid shard);
-extern void idem_store_stamp_writes(CommandId cid);
 
 /* running a statement (store.c, store_sweep.c) */
 extern uint64 idem_store_run(IdemQuery q, Datum *values, const char *nulls,
@@ -55,6 +55,5 @@ extern uint64 idem_store_run(IdemQuery q, Datum *values, const char *nulls,
 /* set while one of our statements is being planned and started (hooks.c) */
 extern PGDLLIMPORT bool idem_store_statement_starting;
 extern bool idem_store_take_statement_start(void);
-extern void idem_store_statement_started(QueryDesc *queryDesc);
 
 #endif							/* IDEM_STORE_ATTACH_H */

@@ -44,6 +44,8 @@ read_swept_rows(uint64 n, TimestampTz *from, uint64 *stale_released)
 		if (expires_at > *from)
 			*from = expires_at;
 	}
+	/* the rows are counted: a pass of a thousand batches keeps none of them */
+	SPI_freetuptable(SPI_tuptable);
 }
 
 /*
@@ -87,12 +89,14 @@ delete_unlocked_batch(void *arg)
  * just locked (it waits UNLOCKED_BATCH_WAIT_MS at most, or loses a
  * deadlock, and its deletes are undone), the locking statement takes the
  * same range, skipping rows that live claims hold: a sweep never waits on
- * a claim.
+ * a claim.  Without try_unlocked (idem_sweep's batches past its first
+ * few, sweep.c) the locking statement runs alone: it needs no
+ * subtransaction.
  */
 uint64
 idem_store_sweep_expired(TimestampTz now, int batch_size,
-						 bool include_stale_claims, TimestampTz *from,
-						 uint64 *stale_released, bool *full)
+						 bool include_stale_claims, bool try_unlocked,
+						 TimestampTz *from, uint64 *stale_released, bool *full)
 {
 	static const int wait_ended[] = {ERRCODE_LOCK_NOT_AVAILABLE,
 	ERRCODE_T_R_DEADLOCK_DETECTED};
@@ -109,7 +113,8 @@ idem_store_sweep_expired(TimestampTz now, int batch_size,
 
 	batch.query = include_stale_claims ? Q_SWEEP_ALL_UNLOCKED : Q_SWEEP_TERMINAL_UNLOCKED;
 	batch.values = values;
-	if (idem_try_in_subtransaction(delete_unlocked_batch, &batch,
+	if (try_unlocked &&
+		idem_try_in_subtransaction(delete_unlocked_batch, &batch,
 								   wait_ended, lengthof(wait_ended)))
 	{
 		n = batch.deleted;
@@ -159,11 +164,14 @@ uint64
 idem_store_sweep_fail_stale(TimestampTz now, int batch_size)
 {
 	Datum		values[3];
+	uint64		n;
 
 	values[0] = TimestampTzGetDatum(now);
 	values[1] = Int32GetDatum(batch_size);
 	values[2] = idem_stale_failure_response();
-	return idem_store_run(Q_SWEEP_FAIL_STALE, values, "   ", false, 0);
+	n = idem_store_run(Q_SWEEP_FAIL_STALE, values, "   ", false, 0);
+	SPI_freetuptable(SPI_tuptable);
+	return n;
 }
 
 /*

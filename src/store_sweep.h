@@ -10,6 +10,7 @@
 /* sweep batches: returns rows affected */
 extern uint64 idem_store_sweep_expired(TimestampTz now, int batch_size,
 									   bool include_stale_claims,
+									   bool try_unlocked,
 									   TimestampTz *from,
 									   uint64 *stale_released,
 									   bool *full);

@@ -10,6 +10,7 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "miscadmin.h"
 #include "storage/proc.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
@@ -37,6 +38,16 @@ idem_try_in_subtransaction(void (*step) (void *arg), void *arg,
 	PG_TRY();
 	{
 		step(arg);
+
+		/*
+		 * A lock_timeout that fired just as the lock was granted leaves its
+		 * cancel pending (PostgreSQL keeps it, to report it as a lock
+		 * timeout).  Raised after the release, it would fail the caller's
+		 * statement with the very error this step was to contain: raise it
+		 * here, where it is one of the expected outcomes and undoes the
+		 * step.  A user's cancel pending here is raised again unchanged.
+		 */
+		CHECK_FOR_INTERRUPTS();
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(caller_context);
 		CurrentResourceOwner = caller_owner;

@@ -16,6 +16,7 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "storage/lock.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "guc.h"
@@ -31,6 +32,16 @@ PG_FUNCTION_INFO_V1(idem_sweep);
 #define IDEM_SWEEPLOCK_CLASS	0x4945		/* "IE" */
 
 /*
+ * How many batches of a pass in one transaction (idem_sweep) may try the
+ * delete without row locks first.  Each try is a subtransaction that takes
+ * an XID of its own when it deletes anything, and every snapshot in the
+ * server pays once a transaction has more subtransaction XIDs than the 64
+ * its PGPROC caches; the batches after these use the locking statement,
+ * which needs no subtransaction.  A pass of the worker commits each batch.
+ */
+#define IDEM_SWEEP_UNLOCKED_TRIES	32
+
+/*
  * Start a pass.  one_transaction: every batch runs in the same transaction
  * (idem_sweep), rather than one transaction per batch (the worker).
  */
@@ -39,6 +50,7 @@ idem_sweep_cursor_init(IdemSweepCursor *cursor, bool one_transaction)
 {
 	cursor->expired_from = DT_NOBEGIN;
 	cursor->one_transaction = one_transaction;
+	cursor->unlocked_tries_left = one_transaction ? IDEM_SWEEP_UNLOCKED_TRIES : INT_MAX;
 }
 
 /* Add what a sweep statement removed or failed to the pass and to idem_stats. */
@@ -68,9 +80,13 @@ idem_sweep_batch(int batch_size, IdemSweepCursor *cursor,
 	uint64		deleted;
 	bool		full;
 
+	bool		try_unlocked = cursor->unlocked_tries_left > 0;
+
 	if (fail_stale)
 		failed = idem_store_sweep_fail_stale(now, batch_size);
-	deleted = idem_store_sweep_expired(now, batch_size, !fail_stale,
+	if (try_unlocked && cursor->unlocked_tries_left != INT_MAX)
+		cursor->unlocked_tries_left--;
+	deleted = idem_store_sweep_expired(now, batch_size, !fail_stale, try_unlocked,
 									   &cursor->expired_from, &released,
 									   &full);
 
@@ -184,14 +200,29 @@ idem_sweep(PG_FUNCTION_ARGS)
 	 */
 	idem_store_begin_maintenance(fcinfo, ACL_SELECT | ACL_UPDATE | ACL_DELETE,
 								 "idem_sweep()", &owner_call);
+	idem_store_require_whole_table();
 	(void) idem_sweep_lock(false, true);
 	if (idem_store_distributed())
 		sweep_cluster(&counts);
 	else
 	{
+		/* each batch's own memory goes when it ends: flat over any backlog */
+		MemoryContext batch_context = AllocSetContextCreate(CurrentMemoryContext,
+															"idempotency sweep batch",
+															ALLOCSET_DEFAULT_SIZES);
+		MemoryContext old = CurrentMemoryContext;
+		bool		more;
+
 		idem_sweep_cursor_init(&cursor, true);
-		while (idem_sweep_batch(batch_size, &cursor, &counts))
+		do
+		{
 			CHECK_FOR_INTERRUPTS();
+			MemoryContextSwitchTo(batch_context);
+			more = idem_sweep_batch(batch_size, &cursor, &counts);
+			MemoryContextSwitchTo(old);
+			MemoryContextReset(batch_context);
+		} while (more);
+		MemoryContextDelete(batch_context);
 	}
 	idem_store_end_as_owner(&owner_call);
 	idem_stats_sweep_finished(started, GetCurrentTimestamp(), &counts, NULL);

@@ -12,6 +12,8 @@ typedef struct IdemSweepCursor
 {
 	TimestampTz expired_from;
 	bool		one_transaction;	/* all batches in one transaction */
+	int			unlocked_tries_left;	/* batches that may still try the
+										 * unlocked delete (a subtransaction) */
 } IdemSweepCursor;
 
 extern void idem_sweep_cursor_init(IdemSweepCursor *cursor,

@@ -506,6 +506,7 @@ sweep_one_batch(RangeVar *shard, IdemSweepCursor *cursor,
 
 	PushActiveSnapshot(GetTransactionSnapshot());
 	idem_store_begin_as_owner(nsp, &owner_call);
+	idem_store_require_whole_table();
 
 	if (!direct_to_shard(shard))
 		result = BATCH_LAST;	/* the shard moved away or was dropped */

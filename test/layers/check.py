@@ -38,7 +38,7 @@ LAYERS = {
     "claim": 6, "settle": 6, "lookup": 6, "sweep": 6, "child_key": 6, "metrics": 6,
     "update_guard": 6,
     "held": 5,
-    "store": 4, "store_sweep": 4,
+    "store": 4, "store_sweep": 4, "store_direct": 4,
     "store_attach": 3,
     "direct_read": 2, "citus": 2, "shard_route": 2,
     "statements": 1, "keylock": 1, "tokens": 1, "table_shape": 1, "stats": 1, "validate": 1,
