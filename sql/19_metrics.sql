@@ -123,7 +123,11 @@ SELECT idem_set_tenant_isolation(true, 'app.tenant');
 SELECT outcome FROM idem_claim('other', 'k');
 CREATE ROLE idem_metrics_mon IN ROLE pg_monitor;
 CREATE ROLE idem_metrics_nobody;
-SELECT p.proname, a.grantee::regrole, a.privilege_type
+-- the owner (the superuser running this test, whatever its name) and pg_monitor
+SELECT p.proname,
+       CASE WHEN a.grantee = p.proowner AND p.proowner = current_user::regrole
+            THEN 'owner (current_user)' ELSE a.grantee::regrole::text END AS grantee,
+       a.privilege_type
 FROM pg_proc p, aclexplode(p.proacl) a
 WHERE p.proname LIKE 'idem_metrics%' ORDER BY 1, 2;
 SET ROLE idem_metrics_mon;
