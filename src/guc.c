@@ -10,6 +10,7 @@
 
 #include <limits.h>
 
+#include "postmaster/interrupt.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
@@ -171,4 +172,19 @@ idem_define_settings(void)
 							 NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idempotency");
+}
+
+/*
+ * In the sweeper's processes (launcher.c, database_sweeper.c): read the
+ * configuration again if a SIGHUP asked for it, so that a changed
+ * sweep_interval or batch size takes effect within a round.
+ */
+void
+idem_reload_config_if_asked(void)
+{
+	if (ConfigReloadPending)
+	{
+		ConfigReloadPending = false;
+		ProcessConfigFile(PGC_SIGHUP);
+	}
 }

@@ -33,5 +33,6 @@ extern bool idem_direct_reads;
 extern int	idem_durability_check;
 
 extern void idem_define_settings(void);
+extern void idem_reload_config_if_asked(void);
 
 #endif							/* IDEM_GUC_H */

@@ -12,7 +12,8 @@
  *	7 hooks.c		every hook: planner, ExecutorStart, ProcessUtility,
  *					transaction callbacks
  *	7 claim_many.c	idem_claim_many (a consumer's batch in one statement)
- *	7 worker.c		the sweeper: a launcher and short-lived per-database workers
+ *	7 launcher.c	the sweeper's launcher: every database in turn, a worker each
+ *	7 database_sweeper.c	the sweeper's worker: one database swept, then exit
  *	6 claim.c		idem_claim: read, decide, lock, write
  *	6 settle.c		idem_complete, idem_release, idem_heartbeat, idem_checkpoint
  *	6 lookup.c		idem_lookup, idem_forget
@@ -62,8 +63,13 @@
 /* a takeover of a record whose token was never handed out in this database */
 #define ERRCODE_IDEM_TOKEN_NOT_ISSUED	MAKE_SQLSTATE('I','D','0','0','4')
 
-/* The extension's name in pg_extension. */
+/* The extension's name in pg_extension, and its library's. */
 #define IDEM_EXTENSION_NAME		"idempotency"
+#define IDEM_LIBRARY_NAME		"idempotency"
+
+/* The sweeper's processes, as pg_stat_activity names them (bgw_type). */
+#define IDEM_LAUNCHER_TYPE		"idempotency sweeper launcher"
+#define IDEM_WORKER_TYPE		"idempotency sweeper"
 
 /* Longest tenant_id, key and fingerprint, in bytes (Stripe's limit). */
 #define IDEM_MAX_IDENTIFIER_BYTES	255

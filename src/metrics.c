@@ -5,7 +5,9 @@
  *
  * Three sources, each read the cheapest way there is:
  *  - the counters and the last sweep of this database, from shared memory
- *    (stats.c): no table is read;
+ *    (stats.c): no table is read; NULL when the library is not preloaded
+ *    (there is no shared memory then), the other columns as always, so that
+ *    a scraper keeps its gauges on a server not restarted yet;
  *  - the gauges of the records table, through its expires_at index only
  *    (there is no index on status, and one would cost every claim an index
  *    insert): the rows already expired, and the rows that expire next, at
@@ -220,14 +222,21 @@ idem_metrics(PG_FUNCTION_ARGS)
 	Datum		args[2];
 	TimestampTz now = GetCurrentTimestamp();
 	IdemOwnerCall owner_call;
+	bool		shared;
 	char	   *datname = get_database_name(MyDatabaseId);
 	bool		isnull;
 	int			col = 0;
 
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "idem_metrics must return a row");
-	if (!idem_stats_snapshot(&snap))
+	shared = idem_stats_available();
+	if (!shared)
+		memset(&snap, 0, sizeof(snap));
+	else if (!idem_stats_snapshot(&snap))
 		snap.stats_reset = 0;
+	/* the counters (columns 2..7) live in shared memory */
+	for (int c = 1; c <= 6; c++)
+		nulls[c] = !shared;
 
 	values[col++] = CStringGetTextDatum(datname ? datname : "");
 	values[col++] = Int64GetDatum((int64) snap.counters[IDEM_STAT_CLAIMED]);
@@ -250,7 +259,9 @@ idem_metrics(PG_FUNCTION_ARGS)
 	values[col++] = Int64GetDatum(int8_column(0, 5, &isnull));	/* expired_unswept */
 	idem_store_end_as_owner(&owner_call);
 
+	nulls[col] = !shared;
 	values[col++] = Int64GetDatum((int64) snap.sweeps);
+	nulls[col] = !shared;
 	values[col++] = Int64GetDatum((int64) snap.sweep_errors);
 	nulls[col] = snap.last_sweep_at == 0;
 	values[col++] = TimestampTzGetDatum(snap.last_sweep_at);
@@ -283,6 +294,7 @@ idem_metrics_tenants(PG_FUNCTION_ARGS)
 	Datum		args[6];
 	TimestampTz now = GetCurrentTimestamp();
 	IdemOwnerCall owner_call;
+	bool		shared;
 	int32		top;
 	int			n;
 
@@ -294,7 +306,8 @@ idem_metrics_tenants(PG_FUNCTION_ARGS)
 	top = PG_GETARG_INT32(0);
 
 	tenants = palloc(sizeof(IdemTenantConflicts) * IDEM_TENANT_SLOTS);
-	n = idem_stats_tenant_conflicts(tenants);
+	shared = idem_stats_available();
+	n = shared ? idem_stats_tenant_conflicts(tenants) : 0;
 	names = palloc(sizeof(Datum) * (n + 1));
 	conflicts = palloc(sizeof(Datum) * (n + 1));
 	weights = palloc(sizeof(Datum) * (n + 1));
@@ -334,6 +347,7 @@ idem_metrics_tenants(PG_FUNCTION_ARGS)
 		oldest = SPI_getbinval(tup, td, 3, &isnull);
 		values[2] = Float8GetDatum(age_seconds(now, isnull, oldest));
 		values[3] = Int64GetDatum(int8_column(row, 4, &isnull));
+		nulls[3] = !shared;		/* conflicts are counted in shared memory */
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	idem_store_end_as_owner(&owner_call);

@@ -19,7 +19,7 @@
 #include "idempotency.h"
 #include "stats.h"
 #include "tokens.h"
-#include "worker.h"
+#include "launcher.h"
 
 PG_MODULE_MAGIC;
 

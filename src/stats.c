@@ -451,6 +451,13 @@ idem_stats_sweep_finished(TimestampTz started, TimestampTz finished,
 	LWLockRelease(shared->lock);
 }
 
+/* Is the statistics' shared memory there (the library preloaded)? */
+bool
+idem_stats_available(void)
+{
+	return shared != NULL;
+}
+
 static void
 require_shared(void)
 {

@@ -47,6 +47,7 @@ typedef struct IdemTenantConflicts
 	uint64		weight;			/* with the weight it inherited: the order */
 } IdemTenantConflicts;
 
+extern bool idem_stats_available(void);
 extern void idem_stats_request_shmem(void);
 extern void idem_stats_add(IdemCounter counter, uint64 n);
 extern void idem_stats_count_claim(const IdemClaimResult *res);

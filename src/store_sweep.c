@@ -5,8 +5,9 @@
  *		of it, or on every shard of a distributed table at once, placement
  *		by placement while a worker does not answer.
  *
- * sweep.c runs the batches; the sweeper (worker.c) directs them to each
- * shard of this node (idem_store_direct_sweeps_to) on a Citus node.
+ * sweep.c runs the batches; the sweeper's worker (database_sweeper.c)
+ * directs them to each shard of this node (idem_store_direct_sweeps_to) on
+ * a Citus node.
  */
 #include "postgres.h"
 

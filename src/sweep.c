@@ -160,6 +160,25 @@ sweep_cluster(IdemSweepCounts *counts)
 }
 
 /*
+ * idem_sweep() failed (a privilege it needs, row-level security forced on
+ * the owner, a trigger that raised, a cancel): record the pass as failed,
+ * as the worker records its own, so that sweep_errors_total and the last
+ * error show what pg_cron's job history alone would.  Nothing it removed
+ * stays removed.
+ */
+static void
+record_failed_sweep(MemoryContext caller_context, TimestampTz started)
+{
+	IdemSweepCounts none = {0};
+	ErrorData  *edata;
+
+	MemoryContextSwitchTo(caller_context);
+	edata = CopyErrorData();
+	idem_stats_sweep_finished(started, GetCurrentTimestamp(), &none, edata->message);
+	FreeErrorData(edata);
+}
+
+/*
  * idem_sweep(batch_size) RETURNS (expired_removed, stale_released, stale_failed)
  *
  * One pass in the caller's transaction, as the table's owner (see below).
@@ -175,6 +194,7 @@ idem_sweep(PG_FUNCTION_ARGS)
 	IdemSweepCursor cursor;
 	IdemOwnerCall owner_call;
 	TimestampTz started = GetCurrentTimestamp();
+	MemoryContext caller_context = CurrentMemoryContext;
 	TupleDesc	desc;
 	Datum		values[3];
 	bool		nulls[3] = {false};
@@ -190,41 +210,50 @@ idem_sweep(PG_FUNCTION_ARGS)
 	 * now, when it is called outside any statement (a PL/pgSQL expression) */
 	idem_held_write_all();
 
-	/*
-	 * A sweep is maintenance, as VACUUM is: called by a role other than the
-	 * table's owner (a superuser, the operator, pg_cron's role), it runs as
-	 * the owner in a security-restricted operation, once the caller is
-	 * found to hold what its statements use.  So the owner's code on the
-	 * table never runs with a superuser's rights, and every tenant's
-	 * expired records are seen whatever tenant the caller is confined to.
-	 */
-	idem_store_begin_maintenance(fcinfo, ACL_SELECT | ACL_UPDATE | ACL_DELETE,
-								 "idem_sweep()", &owner_call);
-	idem_store_require_whole_table();
-	(void) idem_sweep_lock(false, true);
-	if (idem_store_distributed())
-		sweep_cluster(&counts);
-	else
+	PG_TRY();
 	{
-		/* each batch's own memory goes when it ends: flat over any backlog */
-		MemoryContext batch_context = AllocSetContextCreate(CurrentMemoryContext,
-															"idempotency sweep batch",
-															ALLOCSET_DEFAULT_SIZES);
-		MemoryContext old = CurrentMemoryContext;
-		bool		more;
-
-		idem_sweep_cursor_init(&cursor, true);
-		do
+		/*
+		 * A sweep is maintenance, as VACUUM is: called by a role other than the
+		 * table's owner (a superuser, the operator, pg_cron's role), it runs as
+		 * the owner in a security-restricted operation, once the caller is
+		 * found to hold what its statements use.  So the owner's code on the
+		 * table never runs with a superuser's rights, and every tenant's
+		 * expired records are seen whatever tenant the caller is confined to.
+		 */
+		idem_store_begin_maintenance(fcinfo, ACL_SELECT | ACL_UPDATE | ACL_DELETE,
+									 "idem_sweep()", &owner_call);
+		idem_store_require_whole_table();
+		(void) idem_sweep_lock(false, true);
+		if (idem_store_distributed())
+			sweep_cluster(&counts);
+		else
 		{
-			CHECK_FOR_INTERRUPTS();
-			MemoryContextSwitchTo(batch_context);
-			more = idem_sweep_batch(batch_size, &cursor, &counts);
-			MemoryContextSwitchTo(old);
-			MemoryContextReset(batch_context);
-		} while (more);
-		MemoryContextDelete(batch_context);
+			/* each batch's own memory goes when it ends: flat over any backlog */
+			MemoryContext batch_context = AllocSetContextCreate(CurrentMemoryContext,
+																"idempotency sweep batch",
+																ALLOCSET_DEFAULT_SIZES);
+			MemoryContext old = CurrentMemoryContext;
+			bool		more;
+
+			idem_sweep_cursor_init(&cursor, true);
+			do
+			{
+				CHECK_FOR_INTERRUPTS();
+				MemoryContextSwitchTo(batch_context);
+				more = idem_sweep_batch(batch_size, &cursor, &counts);
+				MemoryContextSwitchTo(old);
+				MemoryContextReset(batch_context);
+			} while (more);
+			MemoryContextDelete(batch_context);
+		}
+		idem_store_end_as_owner(&owner_call);
 	}
-	idem_store_end_as_owner(&owner_call);
+	PG_CATCH();
+	{
+		record_failed_sweep(caller_context, started);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
 	idem_stats_sweep_finished(started, GetCurrentTimestamp(), &counts, NULL);
 
 	values[0] = Int64GetDatum((int64) counts.expired_removed);

@@ -34,7 +34,7 @@ import tempfile
 # settings, subtransactions, record values.
 LAYERS = {
     "module": 8,
-    "hooks": 7, "claim_many": 7, "worker": 7,
+    "hooks": 7, "claim_many": 7, "launcher": 7, "database_sweeper": 7,
     "claim": 6, "settle": 6, "lookup": 6, "sweep": 6, "child_key": 6, "metrics": 6,
     "update_guard": 6,
     "held": 5,
