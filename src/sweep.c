@@ -159,6 +159,60 @@ sweep_cluster(IdemSweepCounts *counts)
 	add_swept(counts, deleted, released, failed);
 }
 
+/* idem_sweep()'s batch_size, or the setting's when NULL. */
+static int
+requested_batch_size(FunctionCallInfo fcinfo)
+{
+	return PG_ARGISNULL(0) ? idem_sweep_batch_size : PG_GETARG_INT32(0);
+}
+
+/*
+ * One pass of idem_sweep(), its counts added to *counts.
+ */
+static void
+sweep_pass(FunctionCallInfo fcinfo, IdemSweepCounts *counts)
+{
+	int			batch_size = requested_batch_size(fcinfo);
+	IdemSweepCursor cursor;
+	IdemOwnerCall owner_call;
+
+	/*
+	 * A sweep is maintenance, as VACUUM is: called by a role other than the
+	 * table's owner (a superuser, the operator, pg_cron's role), it runs as
+	 * the owner in a security-restricted operation, once the caller is
+	 * found to hold what its statements use.  So the owner's code on the
+	 * table never runs with a superuser's rights, and every tenant's
+	 * expired records are seen whatever tenant the caller is confined to.
+	 */
+	idem_store_begin_maintenance(fcinfo, ACL_SELECT | ACL_UPDATE | ACL_DELETE,
+								 "idem_sweep()", &owner_call);
+	idem_store_require_whole_table();
+	(void) idem_sweep_lock(false, true);
+	if (idem_store_distributed())
+		sweep_cluster(counts);
+	else
+	{
+		/* each batch's own memory goes when it ends: flat over any backlog */
+		MemoryContext batch_context = AllocSetContextCreate(CurrentMemoryContext,
+															"idempotency sweep batch",
+															ALLOCSET_DEFAULT_SIZES);
+		MemoryContext old = CurrentMemoryContext;
+		bool		more;
+
+		idem_sweep_cursor_init(&cursor, true);
+		do
+		{
+			CHECK_FOR_INTERRUPTS();
+			MemoryContextSwitchTo(batch_context);
+			more = idem_sweep_batch(batch_size, &cursor, counts);
+			MemoryContextSwitchTo(old);
+			MemoryContextReset(batch_context);
+		} while (more);
+		MemoryContextDelete(batch_context);
+	}
+	idem_store_end_as_owner(&owner_call);
+}
+
 /*
  * idem_sweep() failed (a privilege it needs, row-level security forced on
  * the owner, a trigger that raised, a cancel): record the pass as failed,
@@ -189,17 +243,14 @@ record_failed_sweep(MemoryContext caller_context, TimestampTz started)
 Datum
 idem_sweep(PG_FUNCTION_ARGS)
 {
-	int			batch_size = PG_ARGISNULL(0) ? idem_sweep_batch_size : PG_GETARG_INT32(0);
 	IdemSweepCounts counts = {0};
-	IdemSweepCursor cursor;
-	IdemOwnerCall owner_call;
 	TimestampTz started = GetCurrentTimestamp();
 	MemoryContext caller_context = CurrentMemoryContext;
 	TupleDesc	desc;
 	Datum		values[3];
 	bool		nulls[3] = {false};
 
-	if (batch_size <= 0)
+	if (requested_batch_size(fcinfo) <= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("batch_size must be positive")));
@@ -212,41 +263,7 @@ idem_sweep(PG_FUNCTION_ARGS)
 
 	PG_TRY();
 	{
-		/*
-		 * A sweep is maintenance, as VACUUM is: called by a role other than the
-		 * table's owner (a superuser, the operator, pg_cron's role), it runs as
-		 * the owner in a security-restricted operation, once the caller is
-		 * found to hold what its statements use.  So the owner's code on the
-		 * table never runs with a superuser's rights, and every tenant's
-		 * expired records are seen whatever tenant the caller is confined to.
-		 */
-		idem_store_begin_maintenance(fcinfo, ACL_SELECT | ACL_UPDATE | ACL_DELETE,
-									 "idem_sweep()", &owner_call);
-		idem_store_require_whole_table();
-		(void) idem_sweep_lock(false, true);
-		if (idem_store_distributed())
-			sweep_cluster(&counts);
-		else
-		{
-			/* each batch's own memory goes when it ends: flat over any backlog */
-			MemoryContext batch_context = AllocSetContextCreate(CurrentMemoryContext,
-																"idempotency sweep batch",
-																ALLOCSET_DEFAULT_SIZES);
-			MemoryContext old = CurrentMemoryContext;
-			bool		more;
-
-			idem_sweep_cursor_init(&cursor, true);
-			do
-			{
-				CHECK_FOR_INTERRUPTS();
-				MemoryContextSwitchTo(batch_context);
-				more = idem_sweep_batch(batch_size, &cursor, &counts);
-				MemoryContextSwitchTo(old);
-				MemoryContextReset(batch_context);
-			} while (more);
-			MemoryContextDelete(batch_context);
-		}
-		idem_store_end_as_owner(&owner_call);
+		sweep_pass(fcinfo, &counts);
 	}
 	PG_CATCH();
 	{
