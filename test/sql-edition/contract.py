@@ -30,7 +30,7 @@ from common import check, rows  # noqa: E402
 args = None
 # the SQL edition's SECURITY DEFINER helpers (docs/managed.md, "Grants")
 DEFINER_HELPERS = ('idem_sql_fresh_tokens(integer)', 'idem_sql_successor_token(bigint)',
-                   'idem_sql_isolation_setting()')
+                   'idem_sql_isolation_setting()', 'idem_sql_tenant_keylock(text, text)')
 # and the monitoring functions of 1.3, EXECUTE to pg_monitor (as the C edition's)
 MONITORING = ('idem_metrics()', 'idem_metrics_tenants(integer)')
 
@@ -195,7 +195,8 @@ def run():
     one(owner, 'GRANT SELECT ON idem_stats TO idem_operator')
     # and docs/managed.md's "Grants": the SECURITY DEFINER helpers, not PUBLIC's
     one(owner, 'GRANT EXECUTE ON FUNCTION ' + ', '.join(DEFINER_HELPERS) + ' TO app')
-    one(owner, 'GRANT EXECUTE ON FUNCTION idem_sql_isolation_setting() TO idem_operator')
+    one(owner, 'GRANT EXECUTE ON FUNCTION idem_sql_isolation_setting(), idem_sql_tenant_keylock(text, text)'
+               ' TO idem_operator')
     app = connect('app')
     op = connect('idem_operator')
     nobody = connect('nobody')
@@ -434,16 +435,17 @@ def run():
                         "  ORDER BY 1) FROM aclexplode(p.proacl) a WHERE a.grantee <> p.proowner)"
                         " FROM pg_proc p WHERE p.pronamespace = %s::regnamespace AND p.prosecdef ORDER BY 1", (s,))
     check(sorted(d[0] for d in definers) == sorted(DEFINER_HELPERS + MONITORING), 'the SECURITY DEFINER functions are'
-          ' the three helpers and the two monitoring functions', [d[0] for d in definers])
+          ' the four helpers and the two monitoring functions', [d[0] for d in definers])
     check(all(d[1] == ['search_path=pg_catalog, pg_temp'] for d in definers),
           'each SECURITY DEFINER helper pins search_path = pg_catalog, pg_temp', [d[1] for d in definers])
     want = {'idem_sql_isolation_setting()': ['app', 'idem_operator'],
+            'idem_sql_tenant_keylock(text, text)': ['app', 'idem_operator'],
             'idem_metrics()': ['pg_monitor'], 'idem_metrics_tenants(integer)': ['pg_monitor']}
     check(all(d[2] == want.get(d[0], ['app']) for d in definers),
           'none is executable by PUBLIC; each only by the roles of docs/managed.md\'s grants (monitoring: pg_monitor)',
           [(d[0], d[2]) for d in definers])
     for call in ('SELECT idem_sql_fresh_tokens(1)', 'SELECT idem_sql_successor_token(9223372036854775806)',
-                 'SELECT idem_sql_isolation_setting()'):
+                 'SELECT idem_sql_isolation_setting()', "SELECT idem_sql_tenant_keylock('t', 'k')"):
         e = error(nobody, call)
         check(e is not None and e[0] == '42501' and e[1].startswith('permission denied for function idem_sql_'),
               'a role without the grant may not call %s (42501)' % call.split('(')[0][7:], e)

@@ -240,23 +240,29 @@ def main():
         failed += 1
         print('FAIL self-test: a record changed on one side went unnoticed')
 
-    # the key lock: the same 64-bit hash, a different class
+    # the key lock: the C edition's 64-bit hash in its own class; the SQL
+    # edition's keyed with the database's secret (issue 45: no role computes
+    # another tenant's lock), objsubid 1, so not the C edition's value
     locks = []
     for side, cls in ((c_side, 0x4944), (s_side, 1)):
         side.conn.autocommit = False
         side.run("SELECT idem_claim('lock', 'key-1')", None)
         r = side.run("SELECT classid::bigint, objid::bigint, objsubid FROM pg_locks"
                      " WHERE locktype = 'advisory' AND pid = pg_backend_pid() AND objsubid = %s", (cls,))
+        if side is s_side:
+            keyed = side.run("SELECT idem_sql_keylock('lock', 'key-1')", None)
         locks.append(r)
         side.conn.rollback()
         side.conn.autocommit = True
     if locks[0][0] == 'ok' and len(locks[0][1]) == 1 and locks[1][0] == 'ok' and len(locks[1][1]) == 1 \
-            and locks[0][1][0][:2] == locks[1][1][0][:2]:
+            and keyed[0] == 'ok' and ((locks[1][1][0][0] << 32) | locks[1][1][0][1]) == keyed[1][0][0] % (1 << 64) \
+            and locks[0][1][0][:2] != locks[1][1][0][:2]:
         passed += 1
-        print('ok   the key lock: same classid/objid in pg_locks, objsubid %d (C) and 1 (SQL)' % 0x4944)
+        print('ok   the key lock: objsubid %d (C) and 1 (SQL), the SQL edition\'s value keyed'
+              ' (idem_sql_keylock), not the C edition\'s public hash' % 0x4944)
     else:
         failed += 1
-        print('FAIL the key locks differ beyond objsubid: %r' % (locks,))
+        print('FAIL the key locks: %r, keyed %r' % (locks, keyed))
 
     total = diffs = 0
     kinds = {}

@@ -38,7 +38,8 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 args = None
 APP = 'mover_app'
 # docs/managed.md's "Grants": the SQL edition's SECURITY DEFINER helpers
-HELPERS = ('idem_sql_fresh_tokens(integer)', 'idem_sql_successor_token(bigint)', 'idem_sql_isolation_setting()')
+HELPERS = ('idem_sql_fresh_tokens(integer)', 'idem_sql_successor_token(bigint)', 'idem_sql_isolation_setting()',
+           'idem_sql_tenant_keylock(text, text)')
 HELPER_GRANT = 'GRANT EXECUTE ON FUNCTION ' + ', '.join(HELPERS) + ' TO %s'
 
 
@@ -264,6 +265,17 @@ def run():
     ex(owner, "SELECT idem_create_index(ARRAY['status'])")
     owner.close()
 
+    # a pg_cron sweep job scheduled by the owner with idem_schedule_sweep()
+    # (yearly: it must not sweep during the test), to be run as its role
+    # after the move
+    cron = one(su, "SELECT pg_catalog.current_setting('shared_preload_libraries') LIKE '%pg_cron%'")[0]
+    if cron:
+        ex(su, 'CREATE EXTENSION pg_cron')
+        ex(su, 'GRANT USAGE ON SCHEMA cron TO %s' % args.owner)
+        owner = connect(args.owner)
+        ex(owner, "SELECT idem_schedule_sweep('0 0 1 1 *')")
+        owner.close()
+
     st = State()
     write_records(st, 'a')
     before, mark = snapshot(su), tokens_mark(su)
@@ -279,8 +291,30 @@ def run():
     ex(su, "DROP VIEW public.open_claims")
 
     out = move('to-c', st, su, 'a')
-    check(out.startswith('migrate: %d records moved into the C edition' % (len(before) + 1)), 'to-c says what it moved', out)
+    check(any(line.startswith('migrate: %d records moved into the C edition' % (len(before) + 1))
+              for line in out.splitlines()), 'to-c says what it moved', out)
+    if cron:
+        check("pg_cron's sweep job runs as %s: granted it what idem_sweep() needs" % args.owner in out,
+              "to-c says it granted pg_cron's sweep job's role what idem_sweep() needs", out)
     after_move('C', st, su, before, mark, 'a')
+    if cron:
+        # pg_cron runs a job's command as the job's role: so does this, in a
+        # transaction rolled back (the records are compared after the next move)
+        user, command = one(su, "SELECT username, command FROM cron.job WHERE jobname = 'idem_sweep'")
+        job = connect(user, autocommit=False)
+        err = None
+        try:
+            ex(job, command)
+        except psycopg2.Error as e:
+            err = e
+        job.rollback()
+        job.close()
+        check(user == args.owner and err is None,
+              "after migrate to-c, pg_cron's sweep job, run as its role (%s), sweeps" % user, err)
+        # out of the way of the dump and restore below (pg_cron belongs in
+        # cron.database_name only)
+        ex(su, "SELECT cron.unschedule('idem_sweep')")
+        ex(su, 'DROP EXTENSION pg_cron')
 
     write_records(st, 'b')   # written by the C edition
     before, mark = snapshot(su), tokens_mark(su)

@@ -84,6 +84,11 @@ def run():
     check(one(admin, "SELECT count(*) FROM pgtle.extension_update_paths('idempotency_sql')"
                      " WHERE source = '1.2' AND target = %s AND path IS NOT NULL", (args.to,))[0] == 1,
           'the update path 1.2 -> %s is registered by %s (pgtle_admin, not a superuser)' % (args.to, args.admin))
+    # a role with docs/managed.md's isolation helper (1.2), and one without
+    for r in ('upd_app', 'upd_nobody'):
+        if one(su, "SELECT count(*) FROM pg_roles WHERE rolname = %s", (r,))[0] == 0:
+            ex(su, "CREATE ROLE %s" % r)
+    ex(owner, "GRANT EXECUTE ON FUNCTION %s.idem_sql_isolation_setting() TO upd_app" % args.schema)
     ex(owner, "ALTER EXTENSION idempotency_sql UPDATE")
     check(one(owner, "SELECT extversion FROM pg_extension WHERE extname = 'idempotency_sql'")[0] == args.to,
           'ALTER EXTENSION idempotency_sql UPDATE by %s moves it to %s' % (args.owner, args.to))
@@ -95,8 +100,13 @@ def run():
           (len(procs_before), len(procs_after), len(rewritten)))
     added = [r[0] for r in rows(su, "SELECT proname FROM pg_proc WHERE pronamespace = %s::regnamespace"
                                     " AND oid::int <> ALL (%s) ORDER BY 1", (args.schema, list(procs_before)))]
-    check(added == ['idem_metrics', 'idem_metrics_tenants', 'idem_sql_metrics_window'],
-          'and added the monitoring functions of 1.3', added)
+    check(added == ['idem_metrics', 'idem_metrics_tenants', 'idem_sql_metrics_window', 'idem_sql_tenant_keylock'],
+          'and added the monitoring functions of 1.3 and the key lock helper', added)
+    check(one(su, "SELECT has_function_privilege('upd_app', %s, 'EXECUTE')",
+              ('%s.idem_sql_tenant_keylock(text, text)' % args.schema,))[0] is True
+          and one(su, "SELECT has_function_privilege('upd_nobody', %s, 'EXECUTE')",
+                  ('%s.idem_sql_tenant_keylock(text, text)' % args.schema,))[0] is False,
+          'the update grants idem_sql_tenant_keylock to the roles that had idem_sql_isolation_setting() only')
     grants = rows(su, "SELECT p.proname, a.grantee::regrole::text FROM pg_proc p, aclexplode(p.proacl) a"
                       " WHERE p.pronamespace = %s::regnamespace AND p.proname LIKE 'idem\\_metrics%%'"
                       " AND a.grantee <> p.proowner ORDER BY 1, 2", (args.schema,))
@@ -109,8 +119,8 @@ def run():
     public = rows(su, "SELECT p.proname FROM pg_proc p, aclexplode(p.proacl) a WHERE p.pronamespace = %s::regnamespace"
                       " AND p.prosecdef AND a.grantee = 0", (args.schema,))
     check(public == [] and one(su, "SELECT count(*) FROM pg_proc WHERE pronamespace = %s::regnamespace AND prosecdef",
-                               (args.schema,))[0] == 5,
-          'after the update no SECURITY DEFINER function (3 helpers, 2 monitoring) is executable by PUBLIC', public)
+                               (args.schema,))[0] == 6,
+          'after the update no SECURITY DEFINER function (4 helpers, 2 monitoring) is executable by PUBLIC', public)
 
     # the records go on working, tokens still increase per key
     def looked(key):

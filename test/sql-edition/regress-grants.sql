@@ -20,7 +20,9 @@ BEGIN
             ('idem_sql_fresh_tokens(integer)', ARRAY['idem_claim', 'idem_claim_many', 'idem_release']),
             ('idem_sql_successor_token(bigint)', ARRAY['idem_claim', 'idem_claim_many', 'idem_release']),
             ('idem_sql_isolation_setting()', ARRAY['idem_claim', 'idem_claim_many', 'idem_complete', 'idem_release',
-                                                   'idem_heartbeat', 'idem_checkpoint', 'idem_lookup', 'idem_forget'])),
+                                                   'idem_heartbeat', 'idem_checkpoint', 'idem_lookup', 'idem_forget']),
+            ('idem_sql_tenant_keylock(text, text)', ARRAY['idem_claim', 'idem_claim_many', 'idem_complete', 'idem_release',
+                                                     'idem_heartbeat', 'idem_checkpoint', 'idem_forget'])),
         should AS (
             SELECT DISTINCT rule.helper, a.grantee
               FROM rule, pg_proc p, aclexplode(p.proacl) a
