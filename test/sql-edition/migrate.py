@@ -312,8 +312,8 @@ def run():
         check(user == args.owner and err is None,
               "after migrate to-c, pg_cron's sweep job, run as its role (%s), sweeps" % user, err)
         # out of the way of the dump and restore below (pg_cron belongs in
-        # cron.database_name only)
-        ex(su, "SELECT cron.unschedule('idem_sweep')")
+        # cron.database_name only); dropping it drops the job (pg_cron 1.5's
+        # unschedule by name finds only the current user's jobs)
         ex(su, 'DROP EXTENSION pg_cron')
 
     write_records(st, 'b')   # written by the C edition
