@@ -119,7 +119,7 @@ list_sweep_targets(MemoryContext cxt)
 		return NIL;				/* dropped since the pass began */
 	}
 	PushActiveSnapshot(GetTransactionSnapshot());
-	idem_store_begin_as_owner(nsp, &owner_call);
+	idem_store_begin_as_owner(nsp, AccessShareLock, &owner_call);
 	old = MemoryContextSwitchTo(cxt);
 	if (idem_store_distributed())
 		targets = idem_citus_local_shards(idem_store_table());
@@ -209,7 +209,7 @@ sweep_one_batch(RangeVar *shard, IdemSweepCursor *cursor,
 	pgstat_report_activity(STATE_RUNNING, activity);
 
 	PushActiveSnapshot(GetTransactionSnapshot());
-	idem_store_begin_as_owner(nsp, &owner_call);
+	idem_store_begin_as_owner(nsp, RowExclusiveLock, &owner_call);
 	idem_store_require_whole_table();
 
 	if (!direct_to_shard(shard))

@@ -246,7 +246,8 @@ idem_metrics(PG_FUNCTION_ARGS)
 	values[col++] = Int64GetDatum((int64) snap.counters[IDEM_STAT_FAILED_REPLAYS]);
 	values[col++] = Int64GetDatum((int64) snap.counters[IDEM_STAT_TAKEOVERS]);
 
-	idem_store_begin_as_owner(idem_store_function_schema(fcinfo), &owner_call);
+	idem_store_begin_as_owner(idem_store_function_schema(fcinfo), AccessShareLock,
+							  &owner_call);
 	run_window_query(metrics_query, now, 2, types, args);
 	values[col++] = Int64GetDatum(int8_column(0, 1, &isnull));	/* claims_in_progress */
 	{
@@ -319,7 +320,8 @@ idem_metrics_tenants(PG_FUNCTION_ARGS)
 	}
 
 	InitMaterializedSRF(fcinfo, 0);
-	idem_store_begin_as_owner(idem_store_function_schema(fcinfo), &owner_call);
+	idem_store_begin_as_owner(idem_store_function_schema(fcinfo), AccessShareLock,
+							  &owner_call);
 	types[2] = TEXTARRAYOID;
 	args[2] = PointerGetDatum(construct_array(names, n, TEXTOID, -1, false, TYPALIGN_INT));
 	types[3] = INT8ARRAYOID;

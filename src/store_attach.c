@@ -233,7 +233,7 @@ idem_store_extension_schema(void)
  * meets: held.c's and direct_read.c's, and the statements' own.)
  */
 static Oid
-lock_records_table(Oid nsp)
+lock_records_table(Oid nsp, LOCKMODE mode)
 {
 	Oid			table = get_relname_relid("idempotency_records", nsp);
 
@@ -241,11 +241,11 @@ lock_records_table(Oid nsp)
 	{
 		Oid			again;
 
-		LockRelationOid(table, AccessShareLock);
+		LockRelationOid(table, mode);
 		again = get_relname_relid("idempotency_records", nsp);
 		if (again == table)
 			break;
-		UnlockRelationOid(table, AccessShareLock);
+		UnlockRelationOid(table, mode);
 		table = again;
 	}
 	return table;
@@ -321,7 +321,7 @@ store_attach(Oid nsp)
 		relcache_callback_registered = true;
 	}
 
-	table = lock_records_table(nsp);
+	table = lock_records_table(nsp, AccessShareLock);
 	if (!OidIsValid(table))
 		report_no_table(nsp);
 
@@ -449,12 +449,17 @@ idem_store_begin_in_schema(Oid nsp)
  * The table is found and locked before anything about it is read, and
  * its owner read after the lock, so that an ALTER TABLE ... OWNER TO
  * committed meanwhile is taken in; everything else (the shape check, the
- * plans) happens as the owner.
+ * plans) happens as the owner.  mode is the strongest lock the work's
+ * statements take (RowExclusiveLock for a sweep), taken first: a sweep
+ * that waits behind a lock (CREATE INDEX's, or a LOCK ... IN EXCLUSIVE MODE
+ * that idem_distribute() follows) then waits holding nothing on the table,
+ * as its DELETE alone would, instead of holding an AccessShareLock that the
+ * waiting DDL's next lock would deadlock with.
  */
 void
-idem_store_begin_as_owner(Oid nsp, IdemOwnerCall *oc)
+idem_store_begin_as_owner(Oid nsp, LOCKMODE mode, IdemOwnerCall *oc)
 {
-	Oid			table = lock_records_table(nsp);
+	Oid			table = lock_records_table(nsp, mode);
 
 	if (!OidIsValid(table))
 		report_no_table(nsp);
@@ -481,7 +486,7 @@ idem_store_begin_maintenance(FunctionCallInfo fcinfo, AclMode needed,
 							 const char *function, IdemOwnerCall *oc)
 {
 	Oid			nsp = function_schema(fcinfo->flinfo->fn_oid);
-	Oid			table = lock_records_table(nsp);
+	Oid			table = lock_records_table(nsp, RowExclusiveLock);
 	Oid			caller = GetUserId();
 
 	if (!OidIsValid(table))
@@ -493,7 +498,7 @@ idem_store_begin_maintenance(FunctionCallInfo fcinfo, AclMode needed,
 		return;
 	}
 	idem_require_table_privileges(table, caller, needed, function);
-	idem_store_begin_as_owner(nsp, oc);
+	idem_store_begin_as_owner(nsp, RowExclusiveLock, oc);
 }
 
 /*

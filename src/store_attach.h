@@ -7,6 +7,7 @@
 #define IDEM_STORE_ATTACH_H
 
 #include "fmgr.h"
+#include "storage/lockdefs.h"
 #include "nodes/parsenodes.h"
 
 #include "idempotency.h"
@@ -30,7 +31,7 @@ typedef struct IdemOwnerCall
 	bool		switched;		/* false: the caller was the owner */
 } IdemOwnerCall;
 
-extern void idem_store_begin_as_owner(Oid nsp, IdemOwnerCall *oc);
+extern void idem_store_begin_as_owner(Oid nsp, LOCKMODE mode, IdemOwnerCall *oc);
 extern void idem_store_begin_maintenance(FunctionCallInfo fcinfo, AclMode needed,
 										 const char *function, IdemOwnerCall *oc);
 extern void idem_store_end_as_owner(IdemOwnerCall *oc);
