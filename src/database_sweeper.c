@@ -151,22 +151,17 @@ list_sweep_targets(MemoryContext cxt)
 }
 
 /*
- * Point this batch's sweep statements at shard (NULL: the table itself),
- * locked until the batch commits so that it cannot be moved or dropped
- * under them.  Returns false when the shard is no longer on this node.
+ * Lock shard (NULL: the table itself) for this batch, so that it cannot be
+ * moved or dropped under its statements; its OID, or InvalidOid when it is
+ * no longer on this node.  Taken before the table's lock, in the order
+ * DROP EXTENSION takes them on a Citus node (citus_drop_all_shards() locks
+ * the shards, then the table goes): a batch that waits for its shard then
+ * holds nothing on the table, and the two cannot deadlock.
  */
-static bool
-direct_to_shard(RangeVar *shard)
+static Oid
+lock_shard(RangeVar *shard)
 {
-	Oid			relid;
-
-	if (shard == NULL)
-		return true;
-	relid = RangeVarGetRelid(shard, RowExclusiveLock, true);
-	if (!OidIsValid(relid))
-		return false;
-	idem_store_direct_sweeps_to(relid);
-	return true;
+	return RangeVarGetRelid(shard, RowExclusiveLock, true);
 }
 
 /*
@@ -186,6 +181,7 @@ sweep_one_batch(RangeVar *shard, IdemSweepCursor *cursor,
 	BatchResult result;
 	Oid			nsp;
 	IdemOwnerCall owner_call;
+	Oid			shard_relid;
 	char		activity[128];
 
 	SetCurrentStatementStartTimestamp();
@@ -209,15 +205,19 @@ sweep_one_batch(RangeVar *shard, IdemSweepCursor *cursor,
 	pgstat_report_activity(STATE_RUNNING, activity);
 
 	PushActiveSnapshot(GetTransactionSnapshot());
+	shard_relid = shard ? lock_shard(shard) : InvalidOid;
+	if (shard != NULL && !OidIsValid(shard_relid))
+	{
+		PopActiveSnapshot();
+		CommitTransactionCommand();
+		return BATCH_LAST;		/* the shard moved away or was dropped */
+	}
 	idem_store_begin_as_owner(nsp, RowExclusiveLock, &owner_call);
 	idem_store_require_whole_table();
-
-	if (!direct_to_shard(shard))
-		result = BATCH_LAST;	/* the shard moved away or was dropped */
-	else
-		result = idem_sweep_batch(idem_sweep_batch_size, cursor, counts)
-			? BATCH_FULL : BATCH_LAST;
-
+	if (OidIsValid(shard_relid))
+		idem_store_direct_sweeps_to(shard_relid);
+	result = idem_sweep_batch(idem_sweep_batch_size, cursor, counts)
+		? BATCH_FULL : BATCH_LAST;
 	idem_store_end_as_owner(&owner_call);
 	PopActiveSnapshot();
 	CommitTransactionCommand();
