@@ -307,10 +307,19 @@ store_attach(Oid nsp)
 	 * is the cache trusted, by the tenant check, the held-claim and
 	 * direct-read shortcuts and the statements alike.  A table dropped
 	 * meanwhile has cleared table_verified, and is looked up again below.
+	 *
+	 * Not on a Citus table: no shortcut is taken and no tenant check made
+	 * there (citus.c), so a lock decides nothing, and on a node a lock on the
+	 * table's shell before the shard's inverts the order Citus's DDL takes
+	 * them in (the shards, then the shell): a claim then deadlocked with an
+	 * ALTER TABLE of idem_set_tenant_isolation() (90-citus u.).  A table
+	 * distributed since it was cached is seen here as not yet distributed:
+	 * the lock takes in the change.
 	 */
 	if (nsp == cached_schema && OidIsValid(cached_table))
 	{
-		LockRelationOid(cached_table, AccessShareLock);
+		if (!table_distributed)
+			LockRelationOid(cached_table, AccessShareLock);
 		if (table_verified)
 			return;
 	}
