@@ -212,7 +212,15 @@ sweep_one_batch(RangeVar *shard, IdemSweepCursor *cursor,
 		CommitTransactionCommand();
 		return BATCH_LAST;		/* the shard moved away or was dropped */
 	}
-	idem_store_begin_as_owner(nsp, RowExclusiveLock, &owner_call);
+	/*
+	 * A batch on a shard of a Citus node takes no lock on the table's shell:
+	 * Citus's DDL locks the shell before the shards and DROP EXTENSION the
+	 * shards before the shell, so a batch holding either while waiting for
+	 * the other deadlocks with one of them (90-citus r., u.).  The shard's
+	 * lock keeps the batch's statements safe, as at ca51e34.
+	 */
+	idem_store_begin_as_owner(nsp, OidIsValid(shard_relid) ? NoLock : RowExclusiveLock,
+							  &owner_call);
 	idem_store_require_whole_table();
 	if (OidIsValid(shard_relid))
 		idem_store_direct_sweeps_to(shard_relid);

@@ -241,6 +241,8 @@ lock_records_table(Oid nsp, LOCKMODE mode)
 	{
 		Oid			again;
 
+		if (mode == NoLock)
+			break;				/* the caller holds what it needs (a shard) */
 		LockRelationOid(table, mode);
 		again = get_relname_relid("idempotency_records", nsp);
 		if (again == table)
