@@ -44,6 +44,7 @@
 
 #include "access/xact.h"
 #include "executor/executor.h"
+#include "jit/jit.h"
 #include "miscadmin.h"
 #include "optimizer/cost.h"
 #include "optimizer/planner.h"
@@ -83,6 +84,11 @@ run_planner(Query *parse, const char *query_string, int cursorOptions,
  * empty and analyzed (after a sweep emptied it) would be a sequential scan
  * that the plan cache keeps until the next invalidation, however large the
  * table grows.
+ *
+ * And never compiled by JIT: each reads or writes a few rows, and compiling
+ * costs a fifth of a second.  A sequential scan that stays in the plan (a
+ * child table by inheritance has no index) carries the disable cost until
+ * PostgreSQL 18, far past jit_above_cost, so every claim paid that.
  */
 static PlannedStmt *
 plan_own_statement(Query *parse, const char *query_string, int cursorOptions,
@@ -101,6 +107,7 @@ plan_own_statement(Query *parse, const char *query_string, int cursorOptions,
 		enable_seqscan = save_enable_seqscan;
 	}
 	PG_END_TRY();
+	result->jitFlags = PGJIT_NONE;
 	return result;
 }
 

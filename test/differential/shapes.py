@@ -1880,7 +1880,7 @@ SHAPES = [
     ('collation_case', shape_collation_case, 3),
     ('rollback_end', shape_rollback_end, 3),
     ('hold_cursor', shape_hold_cursor, 3),
-    ('inherited', shape_inherited, 1),     # slow: a claim of a key a child holds takes 0.3-0.9 s
+    ('inherited', shape_inherited, 1),
     ('owner_rights', shape_owner_rights, 3),
     ('peer_in_statement', shape_peer_in_statement, 2),
     ('settle_no_rights', shape_settle_no_rights, 2),
