@@ -100,6 +100,18 @@ def write_records(st, tag):
         app.close()
 
 
+def lock_wait_seen(su, query_like, seconds=30):
+    """Is a session running a statement like query_like seen waiting on a
+    heavyweight lock within seconds?"""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if one(su, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+               (query_like,))[0] > 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def move(direction, st, su, tag):
     """Run sql-edition/migrate DIRECTION while mover_app holds an uncommitted
     claim; the move must wait for it, then carry it."""
@@ -127,11 +139,12 @@ def move(direction, st, su, tag):
     t = threading.Thread(target=run)
     d = threading.Thread(target=during)
     t0 = time.time()
+    # each starts once the one before is seen waiting on its lock (psql's
+    # start alone can take longer than any fixed pause on a loaded machine)
     t.start()
-    time.sleep(0.3)
+    waited = lock_wait_seen(su, '%LOCK TABLE%idempotency_records%')
     d.start()
-    time.sleep(0.3)
-    waited = t.is_alive() and d.is_alive()
+    waited = lock_wait_seen(su, "%'during-" + tag + "'%") and waited and t.is_alive()
     holder.commit()
     holder.close()
     t.join(60)
@@ -241,6 +254,38 @@ def after_move(edition, st, su, before, mark_before, tag):
     t1.close()
 
 
+def cron_job_runs(su, direction, tag):
+    """pg_cron itself runs the sweep job after the move, and its history
+    (cron.job_run_details) says it succeeded.  The job is yearly the rest of
+    the time, so that it sweeps nothing between the records' snapshots; for
+    this check it runs every second (pg_cron 1.5 and later) or at the next
+    minute (1.4, Debian bookworm's), then goes back to yearly.  The stale
+    claim of t2 (its lease of 1 ms long over) is what it must remove."""
+    jobid, user = one(su, "SELECT jobid, username FROM cron.job WHERE jobname = 'idem_sweep'")
+    seconds = one(su, "SELECT pg_catalog.string_to_array(pg_catalog.split_part(extversion, '-', 1), '.')::int[] >= '{1,5}'"
+                      " FROM pg_extension WHERE extname = 'pg_cron'")[0]
+    since = one(su, 'SELECT pg_catalog.now()')[0]
+    ex(su, 'SELECT cron.alter_job(%s, schedule => %s)', (jobid, '1 seconds' if seconds else '* * * * *'))
+    run = None
+    deadline = time.time() + 90
+    while run is None and time.time() < deadline:
+        time.sleep(0.5)
+        run = one(su, "SELECT status, return_message FROM cron.job_run_details"
+                      " WHERE jobid = %s AND start_time >= %s AND status IN ('succeeded', 'failed')"
+                      " ORDER BY start_time LIMIT 1", (jobid, since))
+    ex(su, "SELECT cron.alter_job(%s, schedule => '0 0 1 1 *')", (jobid,))
+    # a run already started ends before the next snapshot
+    while time.time() < deadline + 30 and one(
+            su, "SELECT count(*) FROM cron.job_run_details WHERE jobid = %s"
+                " AND status NOT IN ('succeeded', 'failed')", (jobid,))[0] > 0:
+        time.sleep(0.2)
+    check(user == args.owner and run is not None and run[0] == 'succeeded',
+          "after migrate %s, pg_cron ran the sweep job as its role (%s) and its history says it succeeded"
+          % (direction, user), run)
+    left = one(su, "SELECT count(*) FROM idempotency_records WHERE tenant_id = 't2' AND key = %s", ('stale-' + tag,))
+    check(left == (0,), 'after migrate %s, the job removed the stale claim t2/stale-%s' % (direction, tag), left)
+
+
 def run():
     su = connect('postgres')
     ex(su, "DROP ROLE IF EXISTS %s" % APP)
@@ -298,29 +343,19 @@ def run():
               "to-c says it granted pg_cron's sweep job's role what idem_sweep() needs", out)
     after_move('C', st, su, before, mark, 'a')
     if cron:
-        # pg_cron runs a job's command as the job's role: so does this, in a
-        # transaction rolled back (the records are compared after the next move)
-        user, command = one(su, "SELECT username, command FROM cron.job WHERE jobname = 'idem_sweep'")
-        job = connect(user, autocommit=False)
-        err = None
-        try:
-            ex(job, command)
-        except psycopg2.Error as e:
-            err = e
-        job.rollback()
-        job.close()
-        check(user == args.owner and err is None,
-              "after migrate to-c, pg_cron's sweep job, run as its role (%s), sweeps" % user, err)
-        # out of the way of the dump and restore below (pg_cron belongs in
-        # cron.database_name only); dropping it drops the job (pg_cron 1.5's
-        # unschedule by name finds only the current user's jobs)
-        ex(su, 'DROP EXTENSION pg_cron')
+        cron_job_runs(su, 'to-c', 'a')
 
     write_records(st, 'b')   # written by the C edition
     before, mark = snapshot(su), tokens_mark(su)
     out = move('to-sql', st, su, 'b')
     check(out.startswith('migrate: %d records moved into the SQL edition' % (len(before) + 1)), 'to-sql says what it moved', out)
     after_move('SQL', st, su, before, mark, 'b')
+    if cron:
+        cron_job_runs(su, 'to-sql', 'b')
+        # out of the way of the dump and restore below (pg_cron belongs in
+        # cron.database_name only); dropping it drops the job (pg_cron 1.5's
+        # unschedule by name finds only the current user's jobs)
+        ex(su, 'DROP EXTENSION pg_cron')
 
     # a failed move changes nothing: to-sql again (no C extension there)
     before = snapshot(su)
@@ -336,6 +371,15 @@ def run():
     # pg_dump -Fc / pg_restore of the database using the SQL edition: by a
     # superuser, and by the schema's owner (no superuser, --no-owner) into a
     # database it owns, as on a managed service
+    # a stale claim for the restored databases to take over (the sweep job's
+    # run after to-sql removed the earlier ones, as a sweep does)
+    app = connect(APP, tenant='t2')
+    outcome, tok = claim(app, 't2', 'stale-dump', '1 ms')
+    app.close()
+    check(outcome == 'claimed', 'before the dump: t2/stale-dump claimed with a lease of 1 ms', outcome)
+    st.tokens[('t2', 'stale-dump')] = tok
+    st.top = max(st.top, tok)
+    before = snapshot(su)
     dump = os.path.join(args.workdir, 'sql-edition.dump')
     subprocess.run(['pg_dump', '-Fc', '-f', dump] + psql_base(), check=True)
     for who, flags in (('postgres', []), (args.owner, ['--no-owner'])):
@@ -364,8 +408,8 @@ def run():
         outcome, tok = claim(a, 't2', 'after-restore')
         check(outcome == 'claimed' and tok > st.top, '%s: a claim by mover_app gets a token above every earlier one'
               % label, (outcome, tok, st.top))
-        outcome, tok = claim(a, 't2', 'stale-b')
-        check(outcome == 'claimed' and tok == st.tokens[('t2', 'stale-b')] + 1,
+        outcome, tok = claim(a, 't2', 'stale-dump')
+        check(outcome == 'claimed' and tok == st.tokens[('t2', 'stale-dump')] + 1,
               '%s: a stale claim is taken over at the old token + 1' % label, (outcome, tok))
         a.close()
         r.close()
