@@ -26,12 +26,11 @@ DECLARE
 -- The functions keep the C edition's names, argument names, defaults,
 -- result columns, SQLSTATEs and messages; the differences are listed in
 -- docs/managed.md.  Every function runs with the caller's rights (SECURITY
--- INVOKER) and a fixed search_path, except four small SECURITY DEFINER
+-- INVOKER) and a fixed search_path, except three small SECURITY DEFINER
 -- helpers that do what the C code does as the extension's owner (hand out
--- fencing tokens from the sequence idempotency_tokens, read which setting
--- tenant isolation uses, and give a confined session its own tenant's key
--- lock) and the two monitoring functions (1.3), which count every tenant's
--- records, as the C edition's do.
+-- fencing tokens from the sequence idempotency_tokens, and read which
+-- setting tenant isolation uses) and the two monitoring functions (1.3),
+-- which count every tenant's records, as the C edition's do.
 
 -- ===========================================================================
 -- The table, exactly as the C edition's 1.2 has it (so pg_dump data moves
@@ -314,12 +313,11 @@ FROM PUBLIC;
 -- ===========================================================================
 -- Internal helpers (idem_sql_*).  The invoker helpers can do nothing the
 -- caller's own rights on idempotency_records do not allow, so PUBLIC may
--- execute them (a role granted idem_claim needs them).  The SECURITY
+-- execute them (a role granted idem_claim needs them).  The three SECURITY
 -- DEFINER ones (idem_sql_fresh_tokens, idem_sql_successor_token: they move
--- the token sequence forward, within bounds; idem_sql_isolation_setting:
--- it names the isolation setting; idem_sql_tenant_keylock, 1.3: a confined
--- session's key lock) are revoked from PUBLIC and granted to the roles that
--- call the API (docs/managed.md, "Grants").
+-- the token sequence forward, as far as its end; idem_sql_isolation_setting:
+-- it names the isolation setting) are revoked from PUBLIC at the end of this
+-- file and granted to the roles that call the API (docs/managed.md, "Grants").
 -- ===========================================================================
 
 -- tenant_id, key, fingerprint, point, step: NULL (when required), empty and
@@ -469,32 +467,14 @@ EXCEPTION WHEN invalid_datetime_format OR invalid_text_representation
 END
 $fn$;
 
--- The key lock of (tenant_id, key): the first 64 bits of the MD5 of a
--- secret of this database (idem_sql_secret, made at install) followed by
--- the tenant's length, the tenant and the key.  Locked with
--- pg_try_advisory_xact_lock(bigint) (objsubid 1 in pg_locks).  Keyed, so
--- that a role cannot compute, take or probe the lock of a key it may not
--- read: without the secret the value of another tenant's key is unknown
--- (a truncated MD5 of a secret prefix gives neither the secret nor the
--- value of another message).  The secret's row is visible to the roles
--- that read every tenant's records (idem_sql_secret's policy); a role that
--- tenant isolation confines asks idem_sql_tenant_keylock, which answers
--- for the tenant its setting names only.
+-- The 64-bit hash of (tenant_id, key) that the C edition's key lock uses
+-- (keylock.c: the key's bytes hashed with the tenant's hash as seed).  The
+-- SQL edition locks it with pg_advisory_xact_lock(bigint): the same classid
+-- and objid in pg_locks, objsubid 1 instead of the C edition's own class.
 CREATE FUNCTION @extschema@.idem_sql_keylock(tenant_id text, key text)
 RETURNS bigint
-LANGUAGE plpgsql STABLE
-AS $fn$
-DECLARE
-    secret text;
-BEGIN
-    SELECT s.secret INTO secret FROM @extschema@.idem_sql_secret s;
-    IF secret IS NULL THEN
-        RETURN @extschema@.idem_sql_tenant_keylock(tenant_id, key);
-    END IF;
-    RETURN ('x' || pg_catalog.left(pg_catalog.md5(secret || pg_catalog.octet_length(tenant_id)::text || ':'
-                                                  || tenant_id || key), 16))::bit(64)::bigint;
-END
-$fn$;
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN pg_catalog.hashtextextended(key, pg_catalog.hashtextextended(tenant_id, 0));
 
 -- Tenant isolation's setting, or NULL when isolation is off (a definer:
 -- callers have no rights on idem_tenant_isolation).  PL/pgSQL for the
@@ -588,12 +568,6 @@ AS $fn$
 DECLARE
     last bigint := pg_sequence_last_value('@extschema@.idempotency_tokens'::regclass);
 BEGIN
-    -- granted to the application: a count beyond a batch's would let one
-    -- call move every tenant's sequence by billions (idem_claim_many takes
-    -- at most 1000 keys, and claims them one by one)
-    IF n IS NULL OR n < 1 OR n > 1000 THEN
-        RAISE EXCEPTION 'n must be between 1 and 1000' USING ERRCODE = '22023';
-    END IF;
     -- At the top of bigint, the C edition's error (22003), checked before:
     -- nextval would fail with its own (2200H) after moving the sequence.
     IF last > 9223372036854775807 - 2 * n THEN
@@ -618,47 +592,29 @@ $fn$;
 -- with every later fresh token kept above it.  When the sequence is behind
 -- old + 1 (a record written around the functions, or restored without the
 -- sequence), it is moved forward: by nextval for a small gap, else by
--- setval to old + 1.  But only when old is at most the sequence or an hour
--- ahead of the clock (in microseconds since 2000-01-01, where the sequence
--- started), as the C edition decides (tokens.c, ID004): the token of a
--- record is written by whoever may update the record (a tenant, for its
--- own rows), and the sequence is every tenant's, so a token beyond that
--- (2^63 - 2, say) is refused before anything moves, or one write would
--- leave no fresh token for any tenant (issue 45).  Past the clock's hour
--- the sequence moves one token a takeover, as legitimate takeovers move
--- it.  Every token the functions hand out is at most the sequence's value,
--- so a record they wrote is never refused.
+-- setval ten seconds' worth of microseconds past it, as the C edition
+-- moves its mark.
 CREATE FUNCTION @extschema@.idem_sql_successor_token(old bigint)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    last    bigint;
-    ceiling bigint;
+    last bigint;
 BEGIN
     IF old = 9223372036854775807 THEN
         RAISE EXCEPTION 'fencing token % has no successor', old USING ERRCODE = '22003',
             DETAIL = 'A takeover, or a release that hands a record with a recovery point on, needs the old token plus one, and 9223372036854775807 is the largest bigint.';
     END IF;
     SELECT s.last_value INTO last FROM @extschema@.idempotency_tokens s;
-    IF old < last THEN
-        RETURN old + 1;
-    END IF;
-    -- an hour ahead of the clock, in microseconds since 2000-01-01
-    ceiling := pg_catalog.int8((pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())
-                                - 946684800::float8) * 1000000::float8) + 3600000000;
-    IF old IS NULL OR old > GREATEST(last, ceiling) THEN
-        RAISE EXCEPTION 'fencing token % was never handed out in this database', old
-            USING ERRCODE = 'ID004',
-                  DETAIL = format('It is more than an hour ahead of the clock and above the last token handed out, %s: its record was written around the extension''s functions.  Taking it over would move the next token of every tenant past it.', last),
-                  HINT = 'Remove the record with idem_forget(tenant_id, key), then claim the key again.';
-    END IF;
-    IF old + 1 - last <= 1000 THEN
-        WHILE nextval('@extschema@.idempotency_tokens'::regclass) <= old LOOP
-        END LOOP;
-    ELSE
-        PERFORM setval('@extschema@.idempotency_tokens'::regclass, old + 1);
+    IF last <= old THEN
+        IF old + 1 - last <= 1000 THEN
+            WHILE nextval('@extschema@.idempotency_tokens'::regclass) <= old LOOP
+            END LOOP;
+        ELSE
+            PERFORM setval('@extschema@.idempotency_tokens'::regclass,
+                           LEAST(old::numeric + 1 + 10000000, 9223372036854775807)::bigint);
+        END IF;
     END IF;
     RETURN old + 1;
 END
@@ -1518,84 +1474,6 @@ $fn$;
 -- update path 1.2 -> 1.3 adds (sql-edition/build).
 -- ===========================================================================
 -- @new 1.3
--- The secret of the key locks (idem_sql_keylock), one per database, made
--- here from gen_random_uuid (pg_strong_random).  Its row is visible only to
--- a role that may read every tenant's records: SELECT on
--- idempotency_records and no row security confining it there (the table's
--- owner, superusers; any role while tenant isolation is off).  A role that
--- tenant isolation confines sees no row and gets its own tenant's lock from
--- idem_sql_tenant_keylock; a role without SELECT on the records gets none.
--- (A role with BYPASSRLS sees it as it sees every row: docs/managed.md.)
-CREATE TABLE @extschema@.idem_sql_secret (
-    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    secret    text    NOT NULL
-);
-COMMENT ON TABLE @extschema@.idem_sql_secret IS
-    'the secret the key locks of the SQL edition are keyed with; visible only to roles that read every tenant''s records';
-INSERT INTO @extschema@.idem_sql_secret (secret)
-    SELECT pg_catalog.md5(pg_catalog.gen_random_uuid()::text)
-           OPERATOR(pg_catalog.||) pg_catalog.md5(pg_catalog.gen_random_uuid()::text);
-ALTER TABLE @extschema@.idem_sql_secret ENABLE ROW LEVEL SECURITY;
-CREATE POLICY idem_sql_secret_readers ON @extschema@.idem_sql_secret FOR SELECT
-    USING (pg_catalog.has_table_privilege('@extschema@.idempotency_records'::pg_catalog.regclass, 'SELECT')
-           AND NOT pg_catalog.row_security_active('@extschema@.idempotency_records'::pg_catalog.regclass));
-REVOKE ALL ON TABLE @extschema@.idem_sql_secret FROM PUBLIC;
-GRANT SELECT ON TABLE @extschema@.idem_sql_secret TO PUBLIC;
-
--- The key lock for a role the secret's policy hides it from (tenant
--- isolation confines it): only for the tenant its isolation setting names,
--- as idem_sql_check_tenant admits; with isolation off (row security from
--- policies of the user's own) for any tenant.  A definer (pinned
--- search_path), granted as idem_sql_isolation_setting is: to the roles
--- that call the API under row security (docs/managed.md, "Grants").
-CREATE FUNCTION @extschema@.idem_sql_tenant_keylock(tenant_id text, key text)
-RETURNS bigint
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-DECLARE
-    secret  text;
-    setting text;
-    value   text;
-BEGIN
-    SELECT s.secret, (SELECT t.setting FROM @extschema@.idem_tenant_isolation t)
-      INTO secret, setting FROM @extschema@.idem_sql_secret s;
-    IF setting IS NOT NULL THEN
-        value := current_setting(setting, true);
-        IF value IS NULL OR value = '' THEN
-            RAISE EXCEPTION 'tenant isolation is on, but "%" is not set', setting
-                USING ERRCODE = '55000',
-                      DETAIL = format('Each session sees and writes only the records of the tenant that "%s" names.', setting),
-                      HINT = format('Name the tenant in the transaction before the call: SELECT set_config(''%s'', ''%s'', true).', setting, tenant_id);
-        ELSIF value <> tenant_id THEN
-            RAISE EXCEPTION 'tenant isolation confines this session to tenant "%", not "%"', value, tenant_id
-                USING ERRCODE = '42501',
-                      DETAIL = format('"%s" names the tenant whose records this session sees and writes.', setting),
-                      HINT = format('Set it to the call''s tenant in the transaction: SELECT set_config(''%s'', ''%s'', true).', setting, tenant_id);
-        END IF;
-    END IF;
-    RETURN ('x' || left(md5(secret || octet_length(tenant_id)::text || ':' || tenant_id || key), 16))::bit(64)::bigint;
-END
-$fn$;
-REVOKE ALL ON FUNCTION @extschema@.idem_sql_tenant_keylock(text, text) FROM PUBLIC;
--- an update from 1.2: the roles that call the API under row security have
--- idem_sql_isolation_setting(); they get this helper too
-DO $grants$
-DECLARE
-    r record;
-BEGIN
-    FOR r IN
-        SELECT a.grantee FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
-         WHERE p.oid OPERATOR(pg_catalog.=) '@extschema@.idem_sql_isolation_setting()'::pg_catalog.regprocedure
-           AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
-           AND a.grantee OPERATOR(pg_catalog.<>) 0 AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
-    LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s.idem_sql_tenant_keylock(text, text) TO %s',
-                                  '@extschema@', r.grantee::pg_catalog.regrole);
-    END LOOP;
-END
-$grants$;
-
 -- The gauges read idempotency_records as the C edition's src/metrics.c does,
 -- through the expires_at index only: every expired row (at most 25,000)
 -- and the 25,000 rows that expire next.  A claim's record expires at its
@@ -1637,10 +1515,8 @@ LANGUAGE plpgsql VOLATILE PARALLEL RESTRICTED
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    now_        timestamptz := clock_timestamp();
-    oldest      timestamptz;
-    cron        oid;
-    run_details oid;
+    now_   timestamptz := clock_timestamp();
+    oldest timestamptz;
 BEGIN
     datname := current_database();
     -- claim: processing, not waiting to be resumed (live lease, or stuck);
@@ -1655,29 +1531,22 @@ BEGIN
       FROM @extschema@.idem_sql_metrics_window(now_) w;
     oldest_claim_age_seconds := COALESCE(greatest(0, extract(epoch FROM now_ - oldest)::double precision), 0);
 
-    -- pg_cron's table job_run_details, found as a member of the extension
-    -- pg_cron (pg_depend), never by the schema name cron: a schema of that
-    -- name can be made by any role with CREATE on the database, and this
-    -- function runs as the edition's owner (issue 45)
-    SELECT c.oid, c.relnamespace INTO run_details, cron
-      FROM pg_extension e
-      JOIN pg_depend d ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
-                      AND d.classid = 'pg_class'::regclass AND d.deptype = 'e'
-      JOIN pg_class c ON c.oid = d.objid
-     WHERE e.extname = 'pg_cron' AND c.relname = 'job_run_details';
-    IF run_details IS NOT NULL AND has_schema_privilege(cron, 'USAGE') THEN
-      IF has_table_privilege(run_details, 'SELECT') THEN
-        EXECUTE format('SELECT count(*), count(*) FILTER (WHERE d.status = ''failed'')
-                          FROM %s d
-                         WHERE d.database = current_database() AND starts_with(d.command, $1)
-                           AND d.status IN (''succeeded'', ''failed'')', run_details::regclass)
+    -- nested: to_regclass raises, not answers NULL, without USAGE on cron
+    IF EXISTS (SELECT FROM pg_namespace n WHERE n.nspname = 'cron')
+       AND has_schema_privilege('cron', 'USAGE') THEN
+      IF to_regclass('cron.job_run_details') IS NOT NULL
+         AND has_table_privilege('cron.job_run_details', 'SELECT') THEN
+        EXECUTE 'SELECT count(*), count(*) FILTER (WHERE d.status = ''failed'')
+                   FROM cron.job_run_details d
+                  WHERE d.database = current_database() AND starts_with(d.command, $1)
+                    AND d.status IN (''succeeded'', ''failed'')'
            INTO sweeps_total, sweep_errors_total
           USING format('SELECT * FROM %s.idem_sweep(', '@extschema@');
-        EXECUTE format('SELECT d.start_time, extract(epoch FROM d.end_time - d.start_time)::double precision
-                          FROM %s d
-                         WHERE d.database = current_database() AND starts_with(d.command, $1)
-                           AND d.status IN (''succeeded'', ''failed'')
-                         ORDER BY d.start_time DESC LIMIT 1', run_details::regclass)
+        EXECUTE 'SELECT d.start_time, extract(epoch FROM d.end_time - d.start_time)::double precision
+                   FROM cron.job_run_details d
+                  WHERE d.database = current_database() AND starts_with(d.command, $1)
+                    AND d.status IN (''succeeded'', ''failed'')
+                  ORDER BY d.start_time DESC LIMIT 1'
            INTO last_sweep_at, last_sweep_seconds
           USING format('SELECT * FROM %s.idem_sweep(', '@extschema@');
       END IF;
@@ -1884,10 +1753,7 @@ $fn$;
 -- Schedules idem_sweep() with a cron expression (default: every minute) or,
 -- with pg_cron 1.5 or later, an interval such as '10 seconds', in this
 -- database, as the calling role; replaces a schedule of the same name.
--- Returns the job id.  pg_cron is found through its extension entry only
--- (the schema of its member table job, pg_depend), never by the name cron,
--- which any role with CREATE on the database can give a schema of its own
--- (issue 45).
+-- Returns the job id.
 CREATE FUNCTION @extschema@.idem_schedule_sweep(
     schedule   text DEFAULT '* * * * *',
     batch_size integer DEFAULT NULL,
@@ -1897,17 +1763,9 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    cron name;
-    job  bigint;
+    job bigint;
 BEGIN
-    SELECT n.nspname INTO cron
-      FROM pg_extension e
-      JOIN pg_depend d ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
-                      AND d.classid = 'pg_class'::regclass AND d.deptype = 'e'
-      JOIN pg_class c ON c.oid = d.objid
-      JOIN pg_namespace n ON n.oid = c.relnamespace
-     WHERE e.extname = 'pg_cron' AND c.relname = 'job';
-    IF cron IS NULL THEN
+    IF to_regclass('cron.job') IS NULL THEN
         RAISE EXCEPTION 'idem_schedule_sweep() needs the pg_cron extension in this database'
             USING ERRCODE = '55000',
                   HINT = 'CREATE EXTENSION pg_cron (in the database named by cron.database_name), or call idem_sweep() from your own scheduler.';
@@ -1915,7 +1773,7 @@ BEGIN
     IF batch_size IS NOT NULL AND batch_size <= 0 THEN
         RAISE EXCEPTION 'batch_size must be positive' USING ERRCODE = '22023';
     END IF;
-    EXECUTE format('SELECT %I.schedule($1, $2, $3)', cron)
+    EXECUTE 'SELECT cron.schedule($1, $2, $3)'
        INTO job
       USING job_name, schedule,
             format('SELECT * FROM %s.idem_sweep(%s)', '@extschema@',
@@ -1931,32 +1789,24 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    cron    name;
     existed boolean;
 BEGIN
-    SELECT n.nspname INTO cron
-      FROM pg_extension e
-      JOIN pg_depend d ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
-                      AND d.classid = 'pg_class'::regclass AND d.deptype = 'e'
-      JOIN pg_class c ON c.oid = d.objid
-      JOIN pg_namespace n ON n.oid = c.relnamespace
-     WHERE e.extname = 'pg_cron' AND c.relname = 'job';
-    IF cron IS NULL THEN
+    IF to_regclass('cron.job') IS NULL THEN
         RAISE EXCEPTION 'idem_unschedule_sweep() needs the pg_cron extension in this database'
             USING ERRCODE = '55000';
     END IF;
-    EXECUTE format('SELECT EXISTS (SELECT FROM %I.job WHERE jobname = $1 AND username = current_user)', cron)
+    EXECUTE 'SELECT EXISTS (SELECT FROM cron.job WHERE jobname = $1 AND username = current_user)'
        INTO existed USING job_name;
     IF NOT existed THEN
         RETURN false;
     END IF;
-    EXECUTE format('SELECT %I.unschedule($1)', cron) INTO existed USING job_name;
+    EXECUTE 'SELECT cron.unschedule($1)' INTO existed USING job_name;
     RETURN existed;
 END
 $fn$;
 
 -- Nothing of the API is executable by PUBLIC (the C edition's grants apply:
--- docs/privileges.md), nor are the SECURITY DEFINER helpers: the
+-- docs/privileges.md), nor are the three SECURITY DEFINER helpers: the
 -- application role gets them with one more grant (docs/managed.md,
 -- "Grants"); the invoker idem_sql_* helpers are (see above).
 REVOKE ALL ON FUNCTION
@@ -1987,20 +1837,7 @@ REVOKE ALL ON FUNCTION
 FROM PUBLIC;
 $idem_sql$;
 BEGIN
-    -- pgtle must be pg_tle's own schema: any role with CREATE on the
-    -- database can make a schema of that name, and its functions would run
-    -- here as the pgtle_admin member installing (issue 45).  Operators are
-    -- qualified for the same reason (this runs with the caller's search_path).
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n
-                     ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
-                    WHERE e.extname OPERATOR(pg_catalog.=) 'pg_tle'
-                      AND n.nspname OPERATOR(pg_catalog.=) 'pgtle') THEN
-        RAISE EXCEPTION 'the pg_tle extension is not installed in this database'
-            USING ERRCODE = '55000',
-                  DETAIL = 'Schema pgtle is not the schema of the extension pg_tle, so its functions are not pg_tle''s.',
-                  HINT = 'Run CREATE EXTENSION pg_tle first (pg_tle in shared_preload_libraries).';
-    END IF;
-    IF EXISTS (SELECT FROM pgtle.available_extensions() a WHERE a.name OPERATOR(pg_catalog.=) 'idempotency_sql') THEN
+    IF EXISTS (SELECT FROM pgtle.available_extensions() a WHERE a.name = 'idempotency_sql') THEN
         -- an earlier version is registered: add this one, make it the default
         PERFORM pgtle.install_extension_version_sql('idempotency_sql', '1.3', source);
         PERFORM pgtle.set_default_version('idempotency_sql', '1.3');
@@ -2296,19 +2133,8 @@ $fn$;
 
 CREATE OR REPLACE FUNCTION @extschema@.idem_sql_keylock(tenant_id text, key text)
 RETURNS bigint
-LANGUAGE plpgsql STABLE
-AS $fn$
-DECLARE
-    secret text;
-BEGIN
-    SELECT s.secret INTO secret FROM @extschema@.idem_sql_secret s;
-    IF secret IS NULL THEN
-        RETURN @extschema@.idem_sql_tenant_keylock(tenant_id, key);
-    END IF;
-    RETURN ('x' || pg_catalog.left(pg_catalog.md5(secret || pg_catalog.octet_length(tenant_id)::text || ':'
-                                                  || tenant_id || key), 16))::bit(64)::bigint;
-END
-$fn$;
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN pg_catalog.hashtextextended(key, pg_catalog.hashtextextended(tenant_id, 0));
 
 CREATE OR REPLACE FUNCTION @extschema@.idem_sql_isolation_setting()
 RETURNS text
@@ -2389,12 +2215,6 @@ AS $fn$
 DECLARE
     last bigint := pg_sequence_last_value('@extschema@.idempotency_tokens'::regclass);
 BEGIN
-    -- granted to the application: a count beyond a batch's would let one
-    -- call move every tenant's sequence by billions (idem_claim_many takes
-    -- at most 1000 keys, and claims them one by one)
-    IF n IS NULL OR n < 1 OR n > 1000 THEN
-        RAISE EXCEPTION 'n must be between 1 and 1000' USING ERRCODE = '22023';
-    END IF;
     -- At the top of bigint, the C edition's error (22003), checked before:
     -- nextval would fail with its own (2200H) after moving the sequence.
     IF last > 9223372036854775807 - 2 * n THEN
@@ -2421,31 +2241,21 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    last    bigint;
-    ceiling bigint;
+    last bigint;
 BEGIN
     IF old = 9223372036854775807 THEN
         RAISE EXCEPTION 'fencing token % has no successor', old USING ERRCODE = '22003',
             DETAIL = 'A takeover, or a release that hands a record with a recovery point on, needs the old token plus one, and 9223372036854775807 is the largest bigint.';
     END IF;
     SELECT s.last_value INTO last FROM @extschema@.idempotency_tokens s;
-    IF old < last THEN
-        RETURN old + 1;
-    END IF;
-    -- an hour ahead of the clock, in microseconds since 2000-01-01
-    ceiling := pg_catalog.int8((pg_catalog.date_part('epoch', pg_catalog.clock_timestamp())
-                                - 946684800::float8) * 1000000::float8) + 3600000000;
-    IF old IS NULL OR old > GREATEST(last, ceiling) THEN
-        RAISE EXCEPTION 'fencing token % was never handed out in this database', old
-            USING ERRCODE = 'ID004',
-                  DETAIL = format('It is more than an hour ahead of the clock and above the last token handed out, %s: its record was written around the extension''s functions.  Taking it over would move the next token of every tenant past it.', last),
-                  HINT = 'Remove the record with idem_forget(tenant_id, key), then claim the key again.';
-    END IF;
-    IF old + 1 - last <= 1000 THEN
-        WHILE nextval('@extschema@.idempotency_tokens'::regclass) <= old LOOP
-        END LOOP;
-    ELSE
-        PERFORM setval('@extschema@.idempotency_tokens'::regclass, old + 1);
+    IF last <= old THEN
+        IF old + 1 - last <= 1000 THEN
+            WHILE nextval('@extschema@.idempotency_tokens'::regclass) <= old LOOP
+            END LOOP;
+        ELSE
+            PERFORM setval('@extschema@.idempotency_tokens'::regclass,
+                           LEAST(old::numeric + 1 + 10000000, 9223372036854775807)::bigint);
+        END IF;
     END IF;
     RETURN old + 1;
 END
@@ -3384,17 +3194,9 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    cron name;
-    job  bigint;
+    job bigint;
 BEGIN
-    SELECT n.nspname INTO cron
-      FROM pg_extension e
-      JOIN pg_depend d ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
-                      AND d.classid = 'pg_class'::regclass AND d.deptype = 'e'
-      JOIN pg_class c ON c.oid = d.objid
-      JOIN pg_namespace n ON n.oid = c.relnamespace
-     WHERE e.extname = 'pg_cron' AND c.relname = 'job';
-    IF cron IS NULL THEN
+    IF to_regclass('cron.job') IS NULL THEN
         RAISE EXCEPTION 'idem_schedule_sweep() needs the pg_cron extension in this database'
             USING ERRCODE = '55000',
                   HINT = 'CREATE EXTENSION pg_cron (in the database named by cron.database_name), or call idem_sweep() from your own scheduler.';
@@ -3402,7 +3204,7 @@ BEGIN
     IF batch_size IS NOT NULL AND batch_size <= 0 THEN
         RAISE EXCEPTION 'batch_size must be positive' USING ERRCODE = '22023';
     END IF;
-    EXECUTE format('SELECT %I.schedule($1, $2, $3)', cron)
+    EXECUTE 'SELECT cron.schedule($1, $2, $3)'
        INTO job
       USING job_name, schedule,
             format('SELECT * FROM %s.idem_sweep(%s)', '@extschema@',
@@ -3417,109 +3219,23 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    cron    name;
     existed boolean;
 BEGIN
-    SELECT n.nspname INTO cron
-      FROM pg_extension e
-      JOIN pg_depend d ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
-                      AND d.classid = 'pg_class'::regclass AND d.deptype = 'e'
-      JOIN pg_class c ON c.oid = d.objid
-      JOIN pg_namespace n ON n.oid = c.relnamespace
-     WHERE e.extname = 'pg_cron' AND c.relname = 'job';
-    IF cron IS NULL THEN
+    IF to_regclass('cron.job') IS NULL THEN
         RAISE EXCEPTION 'idem_unschedule_sweep() needs the pg_cron extension in this database'
             USING ERRCODE = '55000';
     END IF;
-    EXECUTE format('SELECT EXISTS (SELECT FROM %I.job WHERE jobname = $1 AND username = current_user)', cron)
+    EXECUTE 'SELECT EXISTS (SELECT FROM cron.job WHERE jobname = $1 AND username = current_user)'
        INTO existed USING job_name;
     IF NOT existed THEN
         RETURN false;
     END IF;
-    EXECUTE format('SELECT %I.unschedule($1)', cron) INTO existed USING job_name;
+    EXECUTE 'SELECT cron.unschedule($1)' INTO existed USING job_name;
     RETURN existed;
 END
 $fn$;
 
 -- @new 1.3
--- The secret of the key locks (idem_sql_keylock), one per database, made
--- here from gen_random_uuid (pg_strong_random).  Its row is visible only to
--- a role that may read every tenant's records: SELECT on
--- idempotency_records and no row security confining it there (the table's
--- owner, superusers; any role while tenant isolation is off).  A role that
--- tenant isolation confines sees no row and gets its own tenant's lock from
--- idem_sql_tenant_keylock; a role without SELECT on the records gets none.
--- (A role with BYPASSRLS sees it as it sees every row: docs/managed.md.)
-CREATE TABLE @extschema@.idem_sql_secret (
-    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
-    secret    text    NOT NULL
-);
-COMMENT ON TABLE @extschema@.idem_sql_secret IS
-    'the secret the key locks of the SQL edition are keyed with; visible only to roles that read every tenant''s records';
-INSERT INTO @extschema@.idem_sql_secret (secret)
-    SELECT pg_catalog.md5(pg_catalog.gen_random_uuid()::text)
-           OPERATOR(pg_catalog.||) pg_catalog.md5(pg_catalog.gen_random_uuid()::text);
-ALTER TABLE @extschema@.idem_sql_secret ENABLE ROW LEVEL SECURITY;
-CREATE POLICY idem_sql_secret_readers ON @extschema@.idem_sql_secret FOR SELECT
-    USING (pg_catalog.has_table_privilege('@extschema@.idempotency_records'::pg_catalog.regclass, 'SELECT')
-           AND NOT pg_catalog.row_security_active('@extschema@.idempotency_records'::pg_catalog.regclass));
-REVOKE ALL ON TABLE @extschema@.idem_sql_secret FROM PUBLIC;
-GRANT SELECT ON TABLE @extschema@.idem_sql_secret TO PUBLIC;
-
--- The key lock for a role the secret's policy hides it from (tenant
--- isolation confines it): only for the tenant its isolation setting names,
--- as idem_sql_check_tenant admits; with isolation off (row security from
--- policies of the user's own) for any tenant.  A definer (pinned
--- search_path), granted as idem_sql_isolation_setting is: to the roles
--- that call the API under row security (docs/managed.md, "Grants").
-CREATE FUNCTION @extschema@.idem_sql_tenant_keylock(tenant_id text, key text)
-RETURNS bigint
-LANGUAGE plpgsql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-DECLARE
-    secret  text;
-    setting text;
-    value   text;
-BEGIN
-    SELECT s.secret, (SELECT t.setting FROM @extschema@.idem_tenant_isolation t)
-      INTO secret, setting FROM @extschema@.idem_sql_secret s;
-    IF setting IS NOT NULL THEN
-        value := current_setting(setting, true);
-        IF value IS NULL OR value = '' THEN
-            RAISE EXCEPTION 'tenant isolation is on, but "%" is not set', setting
-                USING ERRCODE = '55000',
-                      DETAIL = format('Each session sees and writes only the records of the tenant that "%s" names.', setting),
-                      HINT = format('Name the tenant in the transaction before the call: SELECT set_config(''%s'', ''%s'', true).', setting, tenant_id);
-        ELSIF value <> tenant_id THEN
-            RAISE EXCEPTION 'tenant isolation confines this session to tenant "%", not "%"', value, tenant_id
-                USING ERRCODE = '42501',
-                      DETAIL = format('"%s" names the tenant whose records this session sees and writes.', setting),
-                      HINT = format('Set it to the call''s tenant in the transaction: SELECT set_config(''%s'', ''%s'', true).', setting, tenant_id);
-        END IF;
-    END IF;
-    RETURN ('x' || left(md5(secret || octet_length(tenant_id)::text || ':' || tenant_id || key), 16))::bit(64)::bigint;
-END
-$fn$;
-REVOKE ALL ON FUNCTION @extschema@.idem_sql_tenant_keylock(text, text) FROM PUBLIC;
--- an update from 1.2: the roles that call the API under row security have
--- idem_sql_isolation_setting(); they get this helper too
-DO $grants$
-DECLARE
-    r record;
-BEGIN
-    FOR r IN
-        SELECT a.grantee FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
-         WHERE p.oid OPERATOR(pg_catalog.=) '@extschema@.idem_sql_isolation_setting()'::pg_catalog.regprocedure
-           AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
-           AND a.grantee OPERATOR(pg_catalog.<>) 0 AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
-    LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s.idem_sql_tenant_keylock(text, text) TO %s',
-                                  '@extschema@', r.grantee::pg_catalog.regrole);
-    END LOOP;
-END
-$grants$;
-
 -- The gauges read idempotency_records as the C edition's src/metrics.c does,
 -- through the expires_at index only: every expired row (at most 25,000)
 -- and the 25,000 rows that expire next.  A claim's record expires at its
@@ -3561,10 +3277,8 @@ LANGUAGE plpgsql VOLATILE PARALLEL RESTRICTED
 SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    now_        timestamptz := clock_timestamp();
-    oldest      timestamptz;
-    cron        oid;
-    run_details oid;
+    now_   timestamptz := clock_timestamp();
+    oldest timestamptz;
 BEGIN
     datname := current_database();
     -- claim: processing, not waiting to be resumed (live lease, or stuck);
@@ -3579,29 +3293,22 @@ BEGIN
       FROM @extschema@.idem_sql_metrics_window(now_) w;
     oldest_claim_age_seconds := COALESCE(greatest(0, extract(epoch FROM now_ - oldest)::double precision), 0);
 
-    -- pg_cron's table job_run_details, found as a member of the extension
-    -- pg_cron (pg_depend), never by the schema name cron: a schema of that
-    -- name can be made by any role with CREATE on the database, and this
-    -- function runs as the edition's owner (issue 45)
-    SELECT c.oid, c.relnamespace INTO run_details, cron
-      FROM pg_extension e
-      JOIN pg_depend d ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
-                      AND d.classid = 'pg_class'::regclass AND d.deptype = 'e'
-      JOIN pg_class c ON c.oid = d.objid
-     WHERE e.extname = 'pg_cron' AND c.relname = 'job_run_details';
-    IF run_details IS NOT NULL AND has_schema_privilege(cron, 'USAGE') THEN
-      IF has_table_privilege(run_details, 'SELECT') THEN
-        EXECUTE format('SELECT count(*), count(*) FILTER (WHERE d.status = ''failed'')
-                          FROM %s d
-                         WHERE d.database = current_database() AND starts_with(d.command, $1)
-                           AND d.status IN (''succeeded'', ''failed'')', run_details::regclass)
+    -- nested: to_regclass raises, not answers NULL, without USAGE on cron
+    IF EXISTS (SELECT FROM pg_namespace n WHERE n.nspname = 'cron')
+       AND has_schema_privilege('cron', 'USAGE') THEN
+      IF to_regclass('cron.job_run_details') IS NOT NULL
+         AND has_table_privilege('cron.job_run_details', 'SELECT') THEN
+        EXECUTE 'SELECT count(*), count(*) FILTER (WHERE d.status = ''failed'')
+                   FROM cron.job_run_details d
+                  WHERE d.database = current_database() AND starts_with(d.command, $1)
+                    AND d.status IN (''succeeded'', ''failed'')'
            INTO sweeps_total, sweep_errors_total
           USING format('SELECT * FROM %s.idem_sweep(', '@extschema@');
-        EXECUTE format('SELECT d.start_time, extract(epoch FROM d.end_time - d.start_time)::double precision
-                          FROM %s d
-                         WHERE d.database = current_database() AND starts_with(d.command, $1)
-                           AND d.status IN (''succeeded'', ''failed'')
-                         ORDER BY d.start_time DESC LIMIT 1', run_details::regclass)
+        EXECUTE 'SELECT d.start_time, extract(epoch FROM d.end_time - d.start_time)::double precision
+                   FROM cron.job_run_details d
+                  WHERE d.database = current_database() AND starts_with(d.command, $1)
+                    AND d.status IN (''succeeded'', ''failed'')
+                  ORDER BY d.start_time DESC LIMIT 1'
            INTO last_sweep_at, last_sweep_seconds
           USING format('SELECT * FROM %s.idem_sweep(', '@extschema@');
       END IF;

@@ -2,6 +2,8 @@
 how a run ends (an unexpected error is one failure, not a silent pass)."""
 import argparse
 
+import psycopg2
+
 import common  # test/upgrade/common.py, put on sys.path by the caller
 from common import check
 
@@ -15,6 +17,18 @@ def parser(description):
     p.add_argument('--schema', required=True)
     p.add_argument('--owner', required=True)
     return p
+
+
+def connect(args, user, dbname=None, autocommit=True, tenant=None):
+    """A connection as user to --dbname (or dbname), --schema first on its
+    search_path and, with tenant, app.tenant (tenant isolation's setting) set."""
+    options = '-c search_path=%s' % args.schema
+    if tenant is not None:
+        options += ' -c app.tenant=%s' % tenant
+    conn = psycopg2.connect(host=args.host, port=args.port, dbname=dbname or args.dbname, user=user,
+                            options=options)
+    conn.autocommit = autocommit
+    return conn
 
 
 def finish(run, tag):

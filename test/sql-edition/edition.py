@@ -10,7 +10,7 @@ import os
 
 EDITION = os.environ.get("IDEM_EDITION", "c")
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-SCRIPT = os.path.join(ROOT, "sql-edition", "idempotency_sql--1.3.sql")
+SCRIPT = os.path.join(ROOT, "sql-edition", "idempotency_sql--1.4.sql")
 # objsubid of a claim's key lock in pg_locks (docs/managed.md, difference 5)
 KEY_LOCK_OBJSUBID = 1 if EDITION == "sql" else 18756
 

@@ -292,7 +292,7 @@ def run():
     ex(su, "CREATE ROLE %s LOGIN" % APP)
     ex(su, "CREATE SCHEMA %s AUTHORIZATION %s" % (args.schema, args.owner))
     subprocess.run(['psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-v', 'schema=' + args.schema, '-f',
-                    os.path.join(ROOT, 'sql-edition', 'idempotency_sql--1.3.sql'),
+                    os.path.join(ROOT, 'sql-edition', 'idempotency_sql--1.4.sql'),
                     '-h', args.host, '-p', str(args.port), '-U', args.owner, '-d', args.dbname],
                    check=True, stdout=subprocess.DEVNULL)
     owner = connect(args.owner)

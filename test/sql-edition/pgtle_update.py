@@ -6,12 +6,15 @@ On a server preloading pg_tle where idempotency_sql 1.2 was registered by
 wrapper (test/sql-edition/idempotency_sql--1.2-pgtle.sql, the file
 sql-edition/build made for 1.2, kept unchanged for this test) and created
 with CREATE EXTENSION by --owner in --schema: records in every state are
-written, the next release's wrapper --update (sql-edition/idempotency_sql--
-1.3-pgtle.sql: version --to and the update path 1.2 -> --to) is run by
---admin, ALTER EXTENSION idempotency_sql UPDATE is run by --owner, and the
-records, their tokens and the claims in flight must come through unchanged
-and go on working, every function of 1.2 re-created in place, the
-monitoring functions of 1.3 added with their grants; then DROP EXTENSION
+written, the wrappers --update (one or more, in order: the 1.3 release's
+sql-edition/idempotency_sql--1.3-pgtle.sql, which registers 1.3 and the
+path 1.2 -> 1.3, then sql-edition/idempotency_sql--1.4-pgtle.sql, which
+registers --to and the path 1.3 -> --to) are run by --admin, one ALTER
+EXTENSION idempotency_sql UPDATE is run by --owner (pg_tle chains the
+paths), and the records, their tokens and the claims in flight must come
+through unchanged and go on working, every function of 1.2 re-created in
+place, the monitoring functions of 1.3 and the key lock helper of 1.4 added
+with their grants; then DROP EXTENSION
 leaves nothing behind (after pg_dump -Fc / pg_restore of the database into
 a new one: the same version, records, token mark and isolation), CREATE
 EXTENSION installs the new default version,
@@ -79,11 +82,14 @@ def run():
                              (args.schema,)))
     top = one(owner, "SELECT max(token) FROM idempotency_records")[0]
 
-    with admin.cursor() as cur:
-        cur.execute(open(args.update).read())
-    check(one(admin, "SELECT count(*) FROM pgtle.extension_update_paths('idempotency_sql')"
-                     " WHERE source = '1.2' AND target = %s AND path IS NOT NULL", (args.to,))[0] == 1,
-          'the update path 1.2 -> %s is registered by %s (pgtle_admin, not a superuser)' % (args.to, args.admin))
+    for wrapper in args.update:
+        with admin.cursor() as cur:
+            cur.execute(open(wrapper).read())
+    path = one(admin, "SELECT path FROM pgtle.extension_update_paths('idempotency_sql')"
+                      " WHERE source = '1.2' AND target = %s", (args.to,))
+    check(path is not None and path[0] is not None,
+          'the update path 1.2 -> %s is registered by %s (pgtle_admin, not a superuser) with %s: %s'
+          % (args.to, args.admin, ', '.join(os.path.basename(w) for w in args.update), path and path[0]))
     # a role with docs/managed.md's isolation helper (1.2), and one without
     for r in ('upd_app', 'upd_nobody'):
         if one(su, "SELECT count(*) FROM pg_roles WHERE rolname = %s", (r,))[0] == 0:
@@ -101,7 +107,7 @@ def run():
     added = [r[0] for r in rows(su, "SELECT proname FROM pg_proc WHERE pronamespace = %s::regnamespace"
                                     " AND oid::int <> ALL (%s) ORDER BY 1", (args.schema, list(procs_before)))]
     check(added == ['idem_metrics', 'idem_metrics_tenants', 'idem_sql_metrics_window', 'idem_sql_tenant_keylock'],
-          'and added the monitoring functions of 1.3 and the key lock helper', added)
+          'and added the monitoring functions of 1.3 and the key lock helper of 1.4', added)
     check(one(su, "SELECT has_function_privilege('upd_app', %s, 'EXECUTE')",
               ('%s.idem_sql_tenant_keylock(text, text)' % args.schema,))[0] is True
           and one(su, "SELECT has_function_privilege('upd_nobody', %s, 'EXECUTE')",
@@ -218,7 +224,7 @@ def main():
     global args
     p = cli.parser(__doc__.splitlines()[0])
     p.add_argument('--admin', required=True)
-    p.add_argument('--update', required=True)
+    p.add_argument('--update', required=True, action='append', help='a wrapper to run; repeat, in order')
     p.add_argument('--to', required=True)
     p.add_argument('--workdir', required=True)
     args = p.parse_args()

@@ -23,7 +23,6 @@ isolation on, the roles of docs/privileges.md and docs/managed.md's grants.
     their bound; no role computes another tenant's key lock (a role with no
     grant, a session confined to A), and the formula anyone could compute
     before neither blocks B's claim nor tells whether B's key is in flight.
-
 The last line is SECURITY-RESULT passed=N failed=M.
 """
 import os
@@ -44,13 +43,7 @@ TOP = 9223372036854775806     # 2^63 - 2
 
 
 def connect(user, dbname=None, autocommit=True, tenant=None):
-    options = '-c search_path=%s' % args.schema
-    if tenant is not None:
-        options += ' -c app.tenant=%s' % tenant
-    conn = psycopg2.connect(host=args.host, port=args.port, dbname=dbname or args.dbname, user=user,
-                            options=options)
-    conn.autocommit = autocommit
-    return conn
+    return cli.connect(args, user, dbname, autocommit, tenant)
 
 
 def one(conn, sql, params=None):
@@ -308,7 +301,7 @@ def main():
     p = cli.parser(__doc__.splitlines()[0])
     p.add_argument('--pgtle-db', help='a database without pg_tle for the planted pgtle schema')
     p.add_argument('--admin', help='the pgtle_admin member that runs the wrapper')
-    p.add_argument('--wrapper', help='the pg_tle wrapper (idempotency_sql--1.3-pgtle.sql)')
+    p.add_argument('--wrapper', help='the pg_tle wrapper (idempotency_sql--1.4-pgtle.sql)')
     args = p.parse_args()
     cli.finish(run, 'SECURITY-RESULT')
 
