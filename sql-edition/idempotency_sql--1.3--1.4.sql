@@ -1194,6 +1194,7 @@ DECLARE
     last_at   timestamptz;
     g_deleted bigint;
     g_released bigint;
+    secret    text;
 BEGIN
     IF batch <= 0 THEN
         RAISE EXCEPTION 'batch_size must be positive' USING ERRCODE = '22023';
@@ -1201,7 +1202,10 @@ BEGIN
     expired_removed := 0;
     stale_released := 0;
     stale_failed := 0;
-    PERFORM pg_advisory_xact_lock(hashtextextended('idempotency sweep @extschema@', 0));
+    SELECT s.secret INTO secret FROM @extschema@.idem_sql_secret s;
+    IF secret IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(('x' || left(md5(secret || 'sweep'), 16))::bit(64)::bigint);
+    END IF;
     LOOP
         now_ := clock_timestamp();
         failed := 0;

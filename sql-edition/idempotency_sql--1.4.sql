@@ -1406,8 +1406,19 @@ $fn$;
 -- One cleanup pass in the caller's transaction (sweep.c): batches of expired
 -- rows locked with SKIP LOCKED, stale claims released or failed per
 -- idempotency.stale_action, a record with a recovery point kept until its
--- retention.  Two passes on one database take turns (a transaction-level
--- advisory lock on a constant of this edition).
+-- retention.  Two passes by roles that read every tenant's records take
+-- turns: a transaction-level advisory lock keyed with the secret, as the
+-- key locks are (idem_sql_keylock), the first 64 bits of the MD5 of the
+-- secret followed by 'sweep', a message no key lock hashes (theirs go on
+-- with the tenant's length, a digit).  Until 1.4 it was a constant
+-- (hashtextextended('idempotency sweep <schema>', 0)) that any role, with
+-- no grant at all, could compute and hold, blocking every sweep for as
+-- long as it liked (issue 45).  The lock is taken only when the caller
+-- reads the secret (idem_sql_secret's policy: SELECT on the records and no
+-- row security confining it there).  A caller that tenant isolation
+-- confines sees no secret, so it takes no lock: it sweeps only its own
+-- tenant's rows, each locked with SKIP LOCKED, and neither waits for
+-- another pass nor holds one up.
 CREATE FUNCTION @extschema@.idem_sweep(
     batch_size integer DEFAULT NULL,
     OUT expired_removed bigint,
@@ -1429,6 +1440,7 @@ DECLARE
     last_at   timestamptz;
     g_deleted bigint;
     g_released bigint;
+    secret    text;
 BEGIN
     IF batch <= 0 THEN
         RAISE EXCEPTION 'batch_size must be positive' USING ERRCODE = '22023';
@@ -1436,7 +1448,10 @@ BEGIN
     expired_removed := 0;
     stale_released := 0;
     stale_failed := 0;
-    PERFORM pg_advisory_xact_lock(hashtextextended('idempotency sweep @extschema@', 0));
+    SELECT s.secret INTO secret FROM @extschema@.idem_sql_secret s;
+    IF secret IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(('x' || left(md5(secret || 'sweep'), 16))::bit(64)::bigint);
+    END IF;
     LOOP
         now_ := clock_timestamp();
         failed := 0;

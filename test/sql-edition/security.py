@@ -23,6 +23,14 @@ isolation on, the roles of docs/privileges.md and docs/managed.md's grants.
     their bound; no role computes another tenant's key lock (a role with no
     grant, a session confined to A), and the formula anyone could compute
     before neither blocks B's claim nor tells whether B's key is in flight.
+  the sweep's lock: a role with no grant holding the constant lock that
+    idem_sweep() took until 1.4 does not block a sweep; two passes by roles
+    that read every tenant's records (the owner, a superuser; with
+    isolation off docs/privileges.md's sweeping role) take turns on the
+    keyed lock; a role that isolation confines sees no secret, and its pass
+    takes no lock, neither waiting for another pass nor holding one up, and
+    removes only its own tenant's expired records.
+
 The last line is SECURITY-RESULT passed=N failed=M.
 """
 import os
@@ -286,6 +294,92 @@ def tenant_against_tenant(su, owner):
         c.close()
 
 
+def sweep_lock(su, owner):
+    """idem_sweep()'s lock (issue 45, tenant against tenant): keyed with the
+    secret, taken only by a caller that reads it."""
+    s = args.schema
+    role(su, 'sec_stranger')
+    role(su, 'sec_sweeper')
+    one(owner, 'GRANT USAGE ON SCHEMA %s TO sec_sweeper' % s)
+    one(owner, 'GRANT EXECUTE ON FUNCTION idem_sweep(integer) TO sec_sweeper, sec_op')
+    one(owner, 'GRANT SELECT, UPDATE, DELETE ON idempotency_records TO sec_sweeper')
+    one(owner, 'SELECT idem_set_tenant_isolation(true)')
+    old = "hashtextextended('idempotency sweep ' || quote_ident('%s'), 0)" % s
+    keyed = one(owner, "SELECT ('x' || left(md5(secret || 'sweep'), 16))::bit(64)::bigint FROM idem_sql_secret")
+    keyed = keyed[0] if keyed else None
+
+    def held(conn):
+        """The advisory locks conn's backend holds, as bigints."""
+        return [r[0] for r in rows_of(su, "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks"
+                                          " WHERE locktype = 'advisory' AND granted AND pid = %s",
+                                      (conn.get_backend_pid(),))]
+
+    def sweep(conn, timeout='1s'):
+        """A pass in conn's open transaction; (error or None)."""
+        one(conn, "SET LOCAL lock_timeout = '%s'" % timeout)
+        return error(conn, 'SELECT * FROM %s.idem_sweep()' % s)
+
+    # a role with no grant at all holds the constant the sweep locked until 1.4
+    stranger = connect('sec_stranger', autocommit=False)
+    one(stranger, 'SELECT pg_advisory_xact_lock(%s)' % old)
+    sweeper = connect(args.owner, autocommit=False)
+    e = sweep(sweeper, '2s')
+    sweeper.rollback()
+    stranger.rollback()
+    check(e is None, 'a role with no grant holding the constant lock idem_sweep() took until 1.4 blocks no sweep'
+          ' (the owner\'s pass runs)', e)
+
+    # the owner's pass holds the keyed lock; a superuser's pass waits for it
+    first = connect(args.owner, autocommit=False)
+    e1 = sweep(first)
+    locks = held(first) if e1 is None else None
+    second = connect('postgres', autocommit=False)
+    e2 = sweep(second, '300ms')
+    second.rollback()
+    first.commit()
+    e3 = sweep(second)
+    second.rollback()
+    check(keyed is not None and e1 is None and locks == [keyed] and e2 is not None and e2[0] == '55P03'
+          and e3 is None,
+          'under isolation two passes (the owner\'s, a superuser\'s) take turns on the keyed lock: the second'
+          ' waits while the first holds it (55P03 under lock_timeout), then runs', (keyed, e1, locks, e2, e3))
+
+    # isolation off: the sweeping role of docs/privileges.md reads the secret
+    # too, and takes turns with the owner
+    one(owner, 'SELECT idem_set_tenant_isolation(false)')
+    gone = connect('sec_sweeper', autocommit=False)
+    e1 = sweep(gone)
+    locks = held(gone) if e1 is None else None
+    e2 = sweep(first, '300ms')
+    first.rollback()
+    gone.commit()
+    check(e1 is None and locks == [keyed] and e2 is not None and e2[0] == '55P03',
+          'with isolation off the pg_cron sweeping role\'s pass holds the keyed lock and the owner\'s waits for it',
+          (e1, locks, e2))
+    one(owner, 'SELECT idem_set_tenant_isolation(true)')
+
+    # a confined role: no secret, no lock; it sweeps its own tenant's rows
+    # while the owner's pass (its transaction still open) holds the lock
+    e0 = sweep(first)
+    for t in ('A', 'B'):
+        one(owner, "SELECT idem_claim(%s, 'sweep-me', lease => '1 ms')", (t,))
+    time.sleep(0.02)
+    op = connect('sec_op', autocommit=False, tenant='A')
+    seen = one(op, 'SELECT count(*) FROM idem_sql_secret')[0]
+    e = sweep(op, '300ms')
+    locks = held(op)
+    op.commit()
+    first.rollback()
+    left = rows_of(owner, "SELECT tenant_id FROM idempotency_records WHERE key = 'sweep-me' ORDER BY 1")
+    check(e0 is None and seen == 0 and e is None and locks == [] and left == [('B',)],
+          'a role confined to A sees no secret; its pass takes no lock, runs while the owner\'s pass holds'
+          ' its own, and removes only A\'s expired record', (e0, seen, e, locks, left))
+    one(owner, "SELECT idem_forget('B', 'sweep-me')")
+    one(owner, 'SELECT idem_set_tenant_isolation(false)')
+    for c in (stranger, sweeper, first, second, gone, op):
+        c.close()
+
+
 def run():
     owner = connect(args.owner)
     su = connect('postgres')
@@ -293,6 +387,7 @@ def run():
     if args.pgtle_db:
         planted_pgtle(su)
     tenant_against_tenant(su, owner)
+    sweep_lock(su, owner)
     common.result_line('SECURITY-RESULT')
 
 
