@@ -1194,7 +1194,7 @@ DECLARE
     last_at   timestamptz;
     g_deleted bigint;
     g_released bigint;
-    secret    text;
+    setting   text;
 BEGIN
     IF batch <= 0 THEN
         RAISE EXCEPTION 'batch_size must be positive' USING ERRCODE = '22023';
@@ -1202,10 +1202,20 @@ BEGIN
     expired_removed := 0;
     stale_released := 0;
     stale_failed := 0;
-    SELECT s.secret INTO secret FROM @extschema@.idem_sql_secret s;
-    IF secret IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(('x' || left(md5(secret || 'sweep'), 16))::bit(64)::bigint);
+    IF row_security_active('@extschema@.idempotency_records'::regclass) THEN
+        -- the isolation policy's setting, as pg_policies shows it to any role
+        SELECT substring(pg_get_expr(p.polqual, p.polrelid), $re$current_setting\('([^']+)'$re$)
+          INTO setting FROM pg_policy p
+         WHERE p.polrelid = '@extschema@.idempotency_records'::regclass
+           AND p.polname = 'idem_tenant_isolation';
+        IF setting IS NOT NULL AND COALESCE(current_setting(setting, true), '') = '' THEN
+            RAISE EXCEPTION 'idem_sweep() would remove nothing: tenant isolation confines role "%" and no tenant is named', current_user
+                USING ERRCODE = '42501',
+                      DETAIL = format('Row security shows this role only the records of the tenant "%s" names, and it is not set.', setting),
+                      HINT = 'Sweep every tenant as the owner of idempotency_records (without FORCE ROW LEVEL SECURITY) or as a role with BYPASSRLS: call idem_schedule_sweep() as that role.';
+        END IF;
     END IF;
+    PERFORM FROM @extschema@.idem_sql_secret s FOR UPDATE;
     LOOP
         now_ := clock_timestamp();
         failed := 0;
@@ -1619,8 +1629,15 @@ ALTER TABLE @extschema@.idem_sql_secret ENABLE ROW LEVEL SECURITY;
 CREATE POLICY idem_sql_secret_readers ON @extschema@.idem_sql_secret FOR SELECT
     USING (pg_catalog.has_table_privilege('@extschema@.idempotency_records'::pg_catalog.regclass, 'SELECT')
            AND NOT pg_catalog.row_security_active('@extschema@.idempotency_records'::pg_catalog.regclass));
+-- idem_sweep()'s turn is this row, locked FOR UPDATE: by the roles that
+-- see it, and updated by none (WITH CHECK false; the owner bypasses it)
+CREATE POLICY idem_sql_secret_sweepers ON @extschema@.idem_sql_secret FOR UPDATE
+    USING (pg_catalog.has_table_privilege('@extschema@.idempotency_records'::pg_catalog.regclass, 'SELECT')
+           AND NOT pg_catalog.row_security_active('@extschema@.idempotency_records'::pg_catalog.regclass))
+    WITH CHECK (false);
 REVOKE ALL ON TABLE @extschema@.idem_sql_secret FROM PUBLIC;
 GRANT SELECT ON TABLE @extschema@.idem_sql_secret TO PUBLIC;
+GRANT UPDATE (singleton) ON TABLE @extschema@.idem_sql_secret TO PUBLIC;
 
 -- The key lock for a role the secret's policy hides it from (tenant
 -- isolation confines it): only for the tenant its isolation setting names,

@@ -1409,18 +1409,19 @@ $fn$;
 -- rows locked with SKIP LOCKED, stale claims released or failed per
 -- idempotency.stale_action, a record with a recovery point kept until its
 -- retention.  Two passes by roles that read every tenant's records take
--- turns: a transaction-level advisory lock keyed with the secret, as the
--- key locks are (idem_sql_keylock), the first 64 bits of the MD5 of the
--- secret followed by 'sweep', a message no key lock hashes (theirs go on
--- with the tenant's length, a digit).  Until 1.4 it was a constant
+-- turns on the row of idem_sql_secret, locked FOR UPDATE until the pass's
+-- transaction ends: only the roles its policies show the row to can lock
+-- it (SELECT on the records and no row security confining them there), and
+-- a row lock has no value in pg_locks that another role could copy and
+-- hold.  Until 1.4 the turn was an advisory lock on a constant
 -- (hashtextextended('idempotency sweep <schema>', 0)) that any role, with
 -- no grant at all, could compute and hold, blocking every sweep for as
--- long as it liked (issue 45).  The lock is taken only when the caller
--- reads the secret (idem_sql_secret's policy: SELECT on the records and no
--- row security confining it there).  A caller that tenant isolation
--- confines sees no secret, so it takes no lock: it sweeps only its own
--- tenant's rows, each locked with SKIP LOCKED, and neither waits for
--- another pass nor holds one up.
+-- long as it liked (issue 45).  A role tenant isolation confines sees no
+-- row and locks nothing: it sweeps only its own tenant's rows, each locked
+-- with SKIP LOCKED, and neither waits for another pass nor holds one up.
+-- One that isolation confines with no tenant named would see no record at
+-- all and remove nothing in silence: refused (issue 46), naming the roles
+-- that sweep every tenant.
 CREATE FUNCTION @extschema@.idem_sweep(
     batch_size integer DEFAULT NULL,
     OUT expired_removed bigint,
@@ -1442,7 +1443,7 @@ DECLARE
     last_at   timestamptz;
     g_deleted bigint;
     g_released bigint;
-    secret    text;
+    setting   text;
 BEGIN
     IF batch <= 0 THEN
         RAISE EXCEPTION 'batch_size must be positive' USING ERRCODE = '22023';
@@ -1450,10 +1451,20 @@ BEGIN
     expired_removed := 0;
     stale_released := 0;
     stale_failed := 0;
-    SELECT s.secret INTO secret FROM @extschema@.idem_sql_secret s;
-    IF secret IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(('x' || left(md5(secret || 'sweep'), 16))::bit(64)::bigint);
+    IF row_security_active('@extschema@.idempotency_records'::regclass) THEN
+        -- the isolation policy's setting, as pg_policies shows it to any role
+        SELECT substring(pg_get_expr(p.polqual, p.polrelid), $re$current_setting\('([^']+)'$re$)
+          INTO setting FROM pg_policy p
+         WHERE p.polrelid = '@extschema@.idempotency_records'::regclass
+           AND p.polname = 'idem_tenant_isolation';
+        IF setting IS NOT NULL AND COALESCE(current_setting(setting, true), '') = '' THEN
+            RAISE EXCEPTION 'idem_sweep() would remove nothing: tenant isolation confines role "%" and no tenant is named', current_user
+                USING ERRCODE = '42501',
+                      DETAIL = format('Row security shows this role only the records of the tenant "%s" names, and it is not set.', setting),
+                      HINT = 'Sweep every tenant as the owner of idempotency_records (without FORCE ROW LEVEL SECURITY) or as a role with BYPASSRLS: call idem_schedule_sweep() as that role.';
+        END IF;
     END IF;
+    PERFORM FROM @extschema@.idem_sql_secret s FOR UPDATE;
     LOOP
         now_ := clock_timestamp();
         failed := 0;
@@ -1959,8 +1970,15 @@ ALTER TABLE @extschema@.idem_sql_secret ENABLE ROW LEVEL SECURITY;
 CREATE POLICY idem_sql_secret_readers ON @extschema@.idem_sql_secret FOR SELECT
     USING (pg_catalog.has_table_privilege('@extschema@.idempotency_records'::pg_catalog.regclass, 'SELECT')
            AND NOT pg_catalog.row_security_active('@extschema@.idempotency_records'::pg_catalog.regclass));
+-- idem_sweep()'s turn is this row, locked FOR UPDATE: by the roles that
+-- see it, and updated by none (WITH CHECK false; the owner bypasses it)
+CREATE POLICY idem_sql_secret_sweepers ON @extschema@.idem_sql_secret FOR UPDATE
+    USING (pg_catalog.has_table_privilege('@extschema@.idempotency_records'::pg_catalog.regclass, 'SELECT')
+           AND NOT pg_catalog.row_security_active('@extschema@.idempotency_records'::pg_catalog.regclass))
+    WITH CHECK (false);
 REVOKE ALL ON TABLE @extschema@.idem_sql_secret FROM PUBLIC;
 GRANT SELECT ON TABLE @extschema@.idem_sql_secret TO PUBLIC;
+GRANT UPDATE (singleton) ON TABLE @extschema@.idem_sql_secret TO PUBLIC;
 
 -- The key lock for a role the secret's policy hides it from (tenant
 -- isolation confines it): only for the tenant its isolation setting names,
@@ -3221,7 +3239,7 @@ DECLARE
     last_at   timestamptz;
     g_deleted bigint;
     g_released bigint;
-    secret    text;
+    setting   text;
 BEGIN
     IF batch <= 0 THEN
         RAISE EXCEPTION 'batch_size must be positive' USING ERRCODE = '22023';
@@ -3229,10 +3247,20 @@ BEGIN
     expired_removed := 0;
     stale_released := 0;
     stale_failed := 0;
-    SELECT s.secret INTO secret FROM @extschema@.idem_sql_secret s;
-    IF secret IS NOT NULL THEN
-        PERFORM pg_advisory_xact_lock(('x' || left(md5(secret || 'sweep'), 16))::bit(64)::bigint);
+    IF row_security_active('@extschema@.idempotency_records'::regclass) THEN
+        -- the isolation policy's setting, as pg_policies shows it to any role
+        SELECT substring(pg_get_expr(p.polqual, p.polrelid), $re$current_setting\('([^']+)'$re$)
+          INTO setting FROM pg_policy p
+         WHERE p.polrelid = '@extschema@.idempotency_records'::regclass
+           AND p.polname = 'idem_tenant_isolation';
+        IF setting IS NOT NULL AND COALESCE(current_setting(setting, true), '') = '' THEN
+            RAISE EXCEPTION 'idem_sweep() would remove nothing: tenant isolation confines role "%" and no tenant is named', current_user
+                USING ERRCODE = '42501',
+                      DETAIL = format('Row security shows this role only the records of the tenant "%s" names, and it is not set.', setting),
+                      HINT = 'Sweep every tenant as the owner of idempotency_records (without FORCE ROW LEVEL SECURITY) or as a role with BYPASSRLS: call idem_schedule_sweep() as that role.';
+        END IF;
     END IF;
+    PERFORM FROM @extschema@.idem_sql_secret s FOR UPDATE;
     LOOP
         now_ := clock_timestamp();
         failed := 0;
@@ -3646,8 +3674,15 @@ ALTER TABLE @extschema@.idem_sql_secret ENABLE ROW LEVEL SECURITY;
 CREATE POLICY idem_sql_secret_readers ON @extschema@.idem_sql_secret FOR SELECT
     USING (pg_catalog.has_table_privilege('@extschema@.idempotency_records'::pg_catalog.regclass, 'SELECT')
            AND NOT pg_catalog.row_security_active('@extschema@.idempotency_records'::pg_catalog.regclass));
+-- idem_sweep()'s turn is this row, locked FOR UPDATE: by the roles that
+-- see it, and updated by none (WITH CHECK false; the owner bypasses it)
+CREATE POLICY idem_sql_secret_sweepers ON @extschema@.idem_sql_secret FOR UPDATE
+    USING (pg_catalog.has_table_privilege('@extschema@.idempotency_records'::pg_catalog.regclass, 'SELECT')
+           AND NOT pg_catalog.row_security_active('@extschema@.idempotency_records'::pg_catalog.regclass))
+    WITH CHECK (false);
 REVOKE ALL ON TABLE @extschema@.idem_sql_secret FROM PUBLIC;
 GRANT SELECT ON TABLE @extschema@.idem_sql_secret TO PUBLIC;
+GRANT UPDATE (singleton) ON TABLE @extschema@.idem_sql_secret TO PUBLIC;
 
 -- The key lock for a role the secret's policy hides it from (tenant
 -- isolation confines it): only for the tenant its isolation setting names,

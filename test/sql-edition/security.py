@@ -295,8 +295,10 @@ def tenant_against_tenant(su, owner):
 
 
 def sweep_lock(su, owner):
-    """idem_sweep()'s lock (issue 45, tenant against tenant): keyed with the
-    secret, taken only by a caller that reads it."""
+    """idem_sweep()'s turn (issue 45, tenant against tenant): the row of
+    idem_sql_secret locked FOR UPDATE, by the roles that see it only; and a
+    role tenant isolation confines with no tenant named is refused rather
+    than removing nothing (issue 46)."""
     s = args.schema
     role(su, 'sec_stranger')
     role(su, 'sec_sweeper')
@@ -305,8 +307,6 @@ def sweep_lock(su, owner):
     one(owner, 'GRANT SELECT, UPDATE, DELETE ON idempotency_records TO sec_sweeper')
     one(owner, 'SELECT idem_set_tenant_isolation(true)')
     old = "hashtextextended('idempotency sweep ' || quote_ident('%s'), 0)" % s
-    keyed = one(owner, "SELECT ('x' || left(md5(secret || 'sweep'), 16))::bit(64)::bigint FROM idem_sql_secret")
-    keyed = keyed[0] if keyed else None
 
     def held(conn):
         """The advisory locks conn's backend holds, as bigints."""
@@ -329,22 +329,48 @@ def sweep_lock(su, owner):
     check(e is None, 'a role with no grant holding the constant lock idem_sweep() took until 1.4 blocks no sweep'
           ' (the owner\'s pass runs)', e)
 
-    # the owner's pass holds the keyed lock; a superuser's pass waits for it
+    # the owner's pass holds the secret's row; a superuser's pass waits for
+    # it; a role with USAGE on the schema and no other grant cannot lock the
+    # row (it sees none), and no advisory lock shows a value in pg_locks to
+    # copy
+    one(owner, 'GRANT USAGE ON SCHEMA %s TO sec_stranger' % s)
     first = connect(args.owner, autocommit=False)
     e1 = sweep(first)
     locks = held(first) if e1 is None else None
+    one(stranger, "SET LOCAL lock_timeout = '300ms'")
+    squat = error(stranger, 'SELECT count(*) FROM (SELECT FROM %s.idem_sql_secret FOR UPDATE) x' % s)
+    squatted = None if squat else one(stranger, 'SELECT count(*) FROM (SELECT FROM %s.idem_sql_secret FOR UPDATE) x'
+                                      % s)[0]
+    stranger.rollback()
     second = connect('postgres', autocommit=False)
     e2 = sweep(second, '300ms')
     second.rollback()
     first.commit()
     e3 = sweep(second)
     second.rollback()
-    check(keyed is not None and e1 is None and locks == [keyed] and e2 is not None and e2[0] == '55P03'
-          and e3 is None,
-          'under isolation two passes (the owner\'s, a superuser\'s) take turns on the keyed lock: the second'
-          ' waits while the first holds it (55P03 under lock_timeout), then runs', (keyed, e1, locks, e2, e3))
+    check(e1 is None and locks == [] and e2 is not None and e2[0] == '55P03' and e3 is None,
+          'under isolation two passes (the owner\'s, a superuser\'s) take turns on the secret\'s row: the second'
+          ' waits while the first holds it (55P03 under lock_timeout), then runs; no advisory lock is held',
+          (e1, locks, e2, e3))
+    check(squat is None and squatted == 0,
+          'a role with USAGE on the schema and no other grant locks no row of idem_sql_secret FOR UPDATE (it sees'
+          ' none): it cannot hold up a pass',
+          (squat, squatted))
 
-    # isolation off: the sweeping role of docs/privileges.md reads the secret
+    # isolation on: a role it confines with no tenant named (docs/privileges.md's
+    # sweeping role, as pg_cron runs it) is refused, not left removing nothing
+    one(owner, "SELECT idem_claim('A', 'sweep-gone', lease => '1 ms')")
+    time.sleep(0.02)
+    blind = connect('sec_sweeper', autocommit=False)
+    e = sweep(blind)
+    blind.rollback()
+    left = rows_of(owner, "SELECT tenant_id FROM idempotency_records WHERE key = 'sweep-gone'")
+    check(e is not None and e[0] == '42501' and 'no tenant is named' in e[1] and left == [('A',)],
+          'under isolation the sweeping role with no tenant named is refused (42501, naming the roles that sweep'
+          ' every tenant), and nothing is removed', (e, left))
+    one(owner, "SELECT idem_forget('A', 'sweep-gone')")
+
+    # isolation off: the sweeping role of docs/privileges.md sees the row
     # too, and takes turns with the owner
     one(owner, 'SELECT idem_set_tenant_isolation(false)')
     gone = connect('sec_sweeper', autocommit=False)
@@ -353,13 +379,13 @@ def sweep_lock(su, owner):
     e2 = sweep(first, '300ms')
     first.rollback()
     gone.commit()
-    check(e1 is None and locks == [keyed] and e2 is not None and e2[0] == '55P03',
-          'with isolation off the pg_cron sweeping role\'s pass holds the keyed lock and the owner\'s waits for it',
-          (e1, locks, e2))
+    check(e1 is None and locks == [] and e2 is not None and e2[0] == '55P03',
+          'with isolation off the pg_cron sweeping role\'s pass holds the secret\'s row and the owner\'s waits'
+          ' for it', (e1, locks, e2))
     one(owner, 'SELECT idem_set_tenant_isolation(true)')
 
     # a confined role: no secret, no lock; it sweeps its own tenant's rows
-    # while the owner's pass (its transaction still open) holds the lock
+    # while the owner's pass (its transaction still open) holds the row
     e0 = sweep(first)
     for t in ('A', 'B'):
         one(owner, "SELECT idem_claim(%s, 'sweep-me', lease => '1 ms')", (t,))
@@ -372,11 +398,11 @@ def sweep_lock(su, owner):
     first.rollback()
     left = rows_of(owner, "SELECT tenant_id FROM idempotency_records WHERE key = 'sweep-me' ORDER BY 1")
     check(e0 is None and seen == 0 and e is None and locks == [] and left == [('B',)],
-          'a role confined to A sees no secret; its pass takes no lock, runs while the owner\'s pass holds'
-          ' its own, and removes only A\'s expired record', (e0, seen, e, locks, left))
+          'a role confined to A sees no secret; its pass locks nothing, runs while the owner\'s pass holds'
+          ' the row, and removes only A\'s expired record', (e0, seen, e, locks, left))
     one(owner, "SELECT idem_forget('B', 'sweep-me')")
     one(owner, 'SELECT idem_set_tenant_isolation(false)')
-    for c in (stranger, sweeper, first, second, gone, op):
+    for c in (stranger, sweeper, first, second, blind, gone, op):
         c.close()
 
 
