@@ -476,6 +476,17 @@ def run_checks():
                   {'roles': list(ANON), 's': s, 'none': STRANGER})
     check(not beyond, "in %s, with Supabase's default privileges in public, anon and authenticated get no USAGE on"
           " the schema and no right on its objects beyond PUBLIC's" % s, beyond)
+    # the package README's example, as written (psql runs it, as the owner
+    # before any application grant): the claim and its completion commit
+    readme = open(os.path.join(args.package, 'README.md'), encoding='utf-8').read()
+    example = os.path.join(work, 'readme.sql')
+    with open(example, 'w', encoding='utf-8') as f:
+        f.write('\n'.join(re.findall(r'^```sql\n(.*?)^```', readme, re.S | re.M)))
+    rc, out = psql_file(db, example, single=False)
+    done = one(o, "SELECT status FROM %s.idempotency_records WHERE tenant_id = 'shop' AND key = 'order-1'" % s)
+    check(rc == 0 and done == ('completed',), "the README's example runs as written and completes its claim",
+          (rc, out, done))
+    run(o, "SELECT %s.idem_forget('shop', 'order-1')" % s)
     grant_app(db)
     granted = snapshot(o)
     contract(db, 'fresh')
