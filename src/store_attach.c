@@ -220,8 +220,8 @@ idem_store_extension_schema(void)
 }
 
 /*
- * The records table in schema nsp (InvalidOid: none), locked in
- * AccessShareLock before anything about it is read, as PostgreSQL opens a
+ * The records table in schema nsp (InvalidOid: none), locked in mode
+ * before anything about it is read, as PostgreSQL opens a
  * relation before reading its description.  An ALTER TABLE running on it
  * (idem_distribute() changes tenant_id's collation, which rebuilds the
  * indexes under new OIDs) has then ended, and what it changed is taken in:
@@ -237,12 +237,12 @@ lock_records_table(Oid nsp, LOCKMODE mode)
 {
 	Oid			table = get_relname_relid("idempotency_records", nsp);
 
+	if (mode == NoLock)
+		return table;			/* the caller holds what it needs (a shard) */
 	while (OidIsValid(table))
 	{
 		Oid			again;
 
-		if (mode == NoLock)
-			break;				/* the caller holds what it needs (a shard) */
 		LockRelationOid(table, mode);
 		again = get_relname_relid("idempotency_records", nsp);
 		if (again == table)

@@ -44,13 +44,7 @@ HELPER_GRANT = 'GRANT EXECUTE ON FUNCTION ' + ', '.join(HELPERS) + ' TO %s'
 
 
 def connect(user, db=None, tenant=None, autocommit=True):
-    options = '-c search_path=%s' % args.schema
-    if tenant:
-        options += ' -c app.tenant=%s' % tenant
-    conn = psycopg2.connect(host=args.host, port=args.port, dbname=db or args.dbname, user=user,
-                            options=options)
-    conn.autocommit = autocommit
-    return conn
+    return cli.connect(args, user, db, autocommit, tenant)
 
 
 def ex(conn, sql, params=None):
