@@ -12,7 +12,7 @@ OBJS       = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c)))
 # it) and one update script per later version.  There is no full script for
 # the current version: CREATE EXTENSION installs 1.0 and runs the updates.
 DATA = $(EXTENSION)--1.0.sql $(EXTENSION)--1.0--1.1.sql $(EXTENSION)--1.1--1.2.sql \
-       $(EXTENSION)--1.2--1.3.sql
+       $(EXTENSION)--1.2--1.3.sql $(EXTENSION)--1.3--1.4.sql
 
 PG_CFLAGS = -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers
 

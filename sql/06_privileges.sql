@@ -3,7 +3,9 @@
 CREATE ROLE idem_app LOGIN;
 CREATE ROLE idem_nobody LOGIN;
 GRANT USAGE ON SCHEMA public TO idem_app, idem_nobody;
-GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval),
+-- (idem_claim without its argument types: the name is unique, and its
+-- signature grew in 1.4)
+GRANT EXECUTE ON FUNCTION idem_claim,
                           idem_complete(text, text, bigint, jsonb),
                           idem_release(text, text, bigint, jsonb),
                           idem_heartbeat(text, text, bigint, interval),
@@ -35,7 +37,7 @@ SELECT * FROM idem_lookup('app', 'p-1');
 SELECT count(*) FROM idempotency_records;
 RESET ROLE;
 -- EXECUTE alone is not enough: the functions run with the caller's rights
-GRANT EXECUTE ON FUNCTION idem_lookup(text, text), idem_claim(text, text, text, interval, interval, interval)
+GRANT EXECUTE ON FUNCTION idem_lookup(text, text), idem_claim
     TO idem_nobody;
 SET ROLE idem_nobody;
 SELECT * FROM idem_lookup('app', 'p-1');
@@ -69,7 +71,7 @@ RESET idempotency.defer_writes;
 RESET ROLE;
 
 REVOKE ALL ON idempotency_records FROM idem_app;
-REVOKE ALL ON FUNCTION idem_claim(text, text, text, interval, interval, interval),
+REVOKE ALL ON FUNCTION idem_claim,
                        idem_complete(text, text, bigint, jsonb),
                        idem_release(text, text, bigint, jsonb),
                        idem_heartbeat(text, text, bigint, interval),

@@ -153,7 +153,7 @@ SELECT idem_complete('usage', 'k1', (SELECT token FROM idempotency_records
                                       WHERE tenant_id = 'usage' AND key = 'k1'), '"done"');
 CREATE ROLE held_no_usage LOGIN;
 GRANT SELECT ON idempotency_records TO held_no_usage;
-GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval) TO held_no_usage;
+GRANT EXECUTE ON FUNCTION idem_claim TO held_no_usage;
 CREATE SCHEMA held_views;
 GRANT USAGE ON SCHEMA held_views TO held_no_usage;
 CREATE VIEW held_views.replay AS SELECT outcome FROM public.idem_claim('usage', 'k1');
@@ -169,7 +169,7 @@ GRANT USAGE ON SCHEMA public TO PUBLIC;
 DROP VIEW held_views.replay;
 DROP SCHEMA held_views;
 REVOKE ALL ON idempotency_records FROM held_no_usage;
-REVOKE ALL ON FUNCTION idem_claim(text, text, text, interval, interval, interval) FROM held_no_usage;
+REVOKE ALL ON FUNCTION idem_claim FROM held_no_usage;
 DROP ROLE held_no_usage;
 DELETE FROM idempotency_records;
 SELECT 'backend alive' AS still;

@@ -3,7 +3,7 @@
 \set SHOW_CONTEXT never
 CREATE ROLE idem_tenant_app LOGIN;
 GRANT USAGE ON SCHEMA public TO idem_tenant_app;
-GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval),
+GRANT EXECUTE ON FUNCTION idem_claim,
                           idem_complete(text, text, bigint, jsonb),
                           idem_lookup(text, text)
     TO idem_tenant_app;
@@ -140,7 +140,7 @@ WHERE e.extname = 'idempotency' AND c.oid = e.extconfig[s.i]
 TRUNCATE idempotency_records;
 REVOKE ALL ON idempotency_records FROM idem_tenant_app;
 REVOKE ALL ON SCHEMA public FROM idem_tenant_app;
-REVOKE ALL ON FUNCTION idem_claim(text, text, text, interval, interval, interval),
+REVOKE ALL ON FUNCTION idem_claim,
                        idem_complete(text, text, bigint, jsonb),
                        idem_lookup(text, text)
     FROM idem_tenant_app;

@@ -69,3 +69,50 @@ SELECT idem_checkpoint('up', 'resume-me', :cp_token, 'step-2', lease => '3 hours
 SELECT recovery_point, lease_expires_at > now() + interval '179 min' AS extended
   FROM idem_lookup('up', 'resume-me');
 TRUNCATE idempotency_records;
+
+-- 1.3 -> 1.4: the 1.4 library with the 1.3 objects (no holder column, the
+-- six-argument idem_claim, idem_lookup without holder) works as 1.3 did,
+-- held claims included; the update keeps the grants, a 1.3 record has no
+-- holder and is never re-entered, and claims with a holder re-enter.
+DROP EXTENSION idempotency;
+CREATE EXTENSION idempotency VERSION '1.3';
+SELECT count(*) AS holder_columns FROM pg_attribute
+ WHERE attrelid = 'idempotency_records'::regclass AND attname = 'holder';
+SELECT token AS old_token FROM idem_claim('up', 'old-open', lease => '1 hour') \gset
+SELECT outcome FROM idem_claim('up', 'old-open');
+BEGIN;
+SELECT token AS held13_token FROM idem_claim('up', 'held-13') \gset
+SELECT outcome FROM idem_claim('up', 'held-13');
+SELECT idem_complete('up', 'held-13', :held13_token, '{"v": 13}');
+COMMIT;
+SELECT outcome, response FROM idem_claim('up', 'held-13');
+SELECT status, token = :held13_token AS same_token, recovery_point FROM idem_lookup('up', 'held-13');
+SET idempotency.direct_reads = off;
+SELECT outcome, response FROM idem_claim('up', 'held-13');
+RESET idempotency.direct_reads;
+CREATE ROLE idem_up_app;
+GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval),
+                          idem_lookup(text, text) TO idem_up_app WITH GRANT OPTION;
+ALTER EXTENSION idempotency UPDATE TO '1.4';
+SELECT p.oid::regprocedure AS function,
+       has_function_privilege('idem_up_app', p.oid, 'EXECUTE WITH GRANT OPTION') AS granted,
+       has_function_privilege('public', p.oid, 'EXECUTE') AS public_granted
+  FROM pg_proc p WHERE p.proname IN ('idem_claim', 'idem_lookup') ORDER BY 1;
+DROP OWNED BY idem_up_app;
+DROP ROLE idem_up_app;
+SELECT attnum = (SELECT max(attnum) FROM pg_attribute WHERE attrelid = a.attrelid) AS last_column,
+       attnotnull, (SELECT collname FROM pg_collation WHERE oid = attcollation) AS collation
+  FROM pg_attribute a WHERE attrelid = 'idempotency_records'::regclass AND attname = 'holder';
+SELECT status, holder IS NULL AS no_holder FROM idem_lookup('up', 'old-open');
+SELECT outcome FROM idem_claim('up', 'old-open', holder => 'run-1');
+SELECT idem_complete('up', 'old-open', :old_token, '{"late": 1}');
+SELECT token AS new_token FROM idem_claim('up', 'new', holder => 'run-1') \gset
+SELECT outcome, token = :new_token AS same_token FROM idem_claim('up', 'new', holder => 'run-1');
+-- a table that lost its holder column: claims without a holder go on, one
+-- with a holder is refused
+ALTER TABLE idempotency_records DROP COLUMN holder;
+SELECT outcome FROM idem_claim('up', 'no-column');
+SELECT outcome FROM idem_claim('up', 'no-column', holder => 'run-1');
+SELECT status, holder FROM idem_lookup('up', 'no-column');
+ALTER TABLE idempotency_records ADD COLUMN holder text COLLATE "C";
+TRUNCATE idempotency_records;

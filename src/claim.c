@@ -23,6 +23,8 @@
 #include "miscadmin.h"
 #include "storage/latch.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
 #include "utils/wait_event.h"
@@ -74,6 +76,36 @@ fingerprint_differs(text *stored, text *given)
 	return stored != NULL && given != NULL && !idem_text_equal(stored, given);
 }
 
+/*
+ * May a claim with holder given re-enter a live claim held by stored?  Only
+ * when both are set and equal, byte for byte: a claim made without a holder
+ * can never be re-entered, and a claim without one never re-enters.
+ */
+static bool
+holder_reenters(text *stored, text *given)
+{
+	return stored != NULL && given != NULL && idem_text_equal(stored, given);
+}
+
+/*
+ * The answer to a re-entry of rec, a processing record whose lease is live:
+ * claimed, with its own token and lease end (the lease is not extended: a
+ * heartbeat does that), and its recovery point as a takeover would give it.
+ * Nothing is written.
+ */
+static void
+answer_reentered(IdemClaimResult *res, const IdemRecord *rec)
+{
+	res->outcome = IDEM_OUTCOME_CLAIMED;
+	res->token = rec->token;
+	res->token_isnull = false;
+	res->expires_at = rec->lease_expires_at;
+	res->expires_at_isnull = false;
+	res->recovery_point = rec->recovery_point;
+	res->state = rec->state;
+	res->reentered = true;
+}
+
 /* Sleep a little while waiting for a committed lease; cancellable. */
 static void
 poll_sleep(int *sleep_ms, TimestampTz deadline)
@@ -95,8 +127,9 @@ poll_sleep(int *sleep_ms, TimestampTz deadline)
 /*
  * Decide a claim from what is read, when that needs no write: rec is the
  * record as read (NULL when there is none).  Returns true with res set
- * (replay, failed, mismatch, in_progress); false when the claim must write:
- * the key is absent, or its record expired and may be taken over.
+ * (replay, failed, mismatch, in_progress, or claimed again by the holder of
+ * a live claim); false when the claim must write: the key is absent, or its
+ * record expired and may be taken over.
  */
 bool
 idem_claim_decide(const IdemRecord *rec, const IdemClaimArgs *args,
@@ -123,6 +156,8 @@ idem_claim_decide(const IdemRecord *rec, const IdemClaimArgs *args,
 			res->expires_at = rec->expires_at;
 			res->expires_at_isnull = false;
 		}
+		else if (holder_reenters(rec->holder, args->holder))
+			answer_reentered(res, rec);
 		else
 		{
 			/* a committed claim (or our own) holds a live lease */
@@ -205,7 +240,8 @@ answer_claimed(IdemClaimResult *res, int64 token, TimestampTz lease_end)
 /*
  * Start a claim.  Returns true when it is answered already: this
  * transaction holds an unwritten claim of the key, which answers as its
- * processing row would.  Otherwise the claim reads first with the
+ * processing row would (idem_claim_decide: in progress while its lease
+ * lasts, to its own holder claimed again).  Otherwise the claim reads first with the
  * statement's snapshot, as the SQL would, whether it will be held or not.
  */
 static bool
@@ -228,6 +264,17 @@ claim_begin(ClaimState *st, const IdemKey *k, const IdemClaimArgs *args,
 		clear_result(res);
 		if (fingerprint_differs(held->fingerprint, args->fingerprint))
 			res->outcome = IDEM_OUTCOME_MISMATCH;
+		else if (holder_reenters(held->holder, args->holder) &&
+				 held->lease_expires_at > st->now)
+		{
+			/* as its processing row would answer: no recovery point yet */
+			res->outcome = IDEM_OUTCOME_CLAIMED;
+			res->token = held->token;
+			res->token_isnull = false;
+			res->expires_at = held->lease_expires_at;
+			res->expires_at_isnull = false;
+			res->reentered = true;
+		}
 		else
 		{
 			res->outcome = IDEM_OUTCOME_IN_PROGRESS;
@@ -333,10 +380,10 @@ claim_write_fresh(ClaimState *st)
 	token = idem_fresh_token(idem_store_token_sequence(), st->now);
 	lease_end = idem_add_duration(st->now, st->args->lease_us, "lease");
 	if (!(defer &&
-		  idem_held_add(st->k, st->args->fingerprint, token, st->now, lease_end,
-						st->args->ttl_us)) &&
-		!idem_store_insert(st->k, st->args->fingerprint, token, st->now,
-						   lease_end, st->args->ttl_us))
+		  idem_held_add(st->k, st->args->fingerprint, st->args->holder, token,
+						st->now, lease_end, st->args->ttl_us)) &&
+		!idem_store_insert(st->k, st->args->fingerprint, st->args->holder, token,
+						   st->now, lease_end, st->args->ttl_us))
 		return CLAIM_CONFLICT;
 	answer_claimed(st->res, token, lease_end);
 	return CLAIM_DONE;
@@ -362,7 +409,9 @@ claim_write_failed(ClaimState *st)
 
 /*
  * Take an expired record over: a new lifetime after retention, or a stale
- * claim's key, resumed where the last holder's checkpoint says.
+ * claim's key, resumed where the last holder's checkpoint says.  The new
+ * claimant's holder replaces the old one (NULL if it gave none), whoever
+ * it is: the old token stays fenced even when the same holder takes over.
  */
 static ClaimNext
 claim_write_takeover(ClaimState *st)
@@ -374,7 +423,8 @@ claim_write_takeover(ClaimState *st)
 											 st->now, rec->token);
 
 	if (!idem_store_take_over(st->k, rec->token, token, st->args->fingerprint,
-							  new_lifetime, st->now, lease_end, st->args->ttl_us))
+							  st->args->holder, new_lifetime, st->now,
+							  lease_end, st->args->ttl_us))
 		return CLAIM_CONFLICT;
 	answer_claimed(st->res, token, lease_end);
 	st->res->took_over = !new_lifetime;
@@ -403,12 +453,14 @@ claim_write(ClaimState *st)
  * does not make later claims report in_progress.  One that wrote (a claim,
  * or a stale claim turned into failed) keeps it until its transaction ends:
  * its row is uncommitted, and a later claim must see the lock and answer
- * in_progress rather than wait on that row.
+ * in_progress rather than wait on that row.  A re-entry wrote nothing,
+ * though it answers claimed (it can hold the lock after a wait).
  */
 static void
 claim_end(ClaimState *st)
 {
-	if (st->have_lock && st->res->outcome != IDEM_OUTCOME_CLAIMED &&
+	if (st->have_lock &&
+		(st->res->outcome != IDEM_OUTCOME_CLAIMED || st->res->reentered) &&
 		!st->res->stale_failed)
 		idem_keylock_release(st->k);
 }
@@ -429,7 +481,8 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 	if (claim_begin(&st, k, args, res))
 	{
 		/* our own held claim: in progress or mismatch, a conflict */
-		idem_stats_count_tenant_conflict(k->tenant_id);
+		if (!res->reentered)
+			idem_stats_count_tenant_conflict(k->tenant_id);
 		return;
 	}
 	for (;;)
@@ -501,6 +554,7 @@ idem_claim_args(FunctionCallInfo fcinfo, int lease_arg, int ttl_arg,
 		idem_arg_duration(fcinfo, wait_arg, "wait", 0, true);
 	idem_check_ttl_floor(args->ttl_us);
 	args->may_defer = false;
+	args->holder = NULL;
 }
 
 /*
@@ -527,7 +581,16 @@ claim_result_desc(FunctionCallInfo fcinfo)
 			return desc;
 	}
 
-	if (get_call_result_type(fcinfo, &desc_type, &built) != TYPEFUNC_COMPOSITE)
+	/*
+	 * A call planned before ALTER EXTENSION idempotency UPDATE dropped and
+	 * created idem_claim again (1.4) can run after that commits, when its
+	 * function is gone: the row type is the one the call expression names.
+	 */
+	if (!SearchSysCacheExists1(PROCOID, ObjectIdGetDatum(fcinfo->flinfo->fn_oid)) &&
+		OidIsValid(desc_type = get_fn_expr_rettype(fcinfo->flinfo)) &&
+		type_is_rowtype(desc_type) && desc_type != RECORDOID)
+		built = lookup_rowtype_tupdesc_copy(desc_type, -1);
+	else if (get_call_result_type(fcinfo, &desc_type, &built) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "idem_claim must return a composite type");
 	type = lookup_type_cache(desc_type, TYPECACHE_TUPDESC);
 	old = MemoryContextSwitchTo(TopMemoryContext);
@@ -570,8 +633,26 @@ row_expected_by_caller(FunctionCallInfo fcinfo, TupleDesc desc)
 }
 
 /*
- * idem_claim(tenant_id, key, fingerprint, lease, ttl, wait)
- *		RETURNS (outcome, token, response, expires_at)
+ * A holder was given, and the table has no holder column: the objects are
+ * those of 1.3 or older (the 1.4 library before ALTER EXTENSION UPDATE
+ * offers no holder argument), or the column was dropped.
+ */
+static void
+check_holder_column(const IdemClaimArgs *args)
+{
+	if (args->holder != NULL && !idem_store_has_holder())
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table \"idempotency_records\" has no column \"holder\""),
+				 errdetail("A claim with a holder stores it in that column, which version 1.4 of the extension adds."),
+				 errhint("Run ALTER EXTENSION idempotency UPDATE, or restore the column if it was dropped.")));
+}
+
+/*
+ * idem_claim(tenant_id, key, fingerprint, lease, ttl, wait, holder)
+ *		RETURNS (outcome, token, response, expires_at, recovery_point, state)
+ *
+ * holder from 1.4 on (a 1.3 function passes six arguments).
  */
 Datum
 idem_claim(PG_FUNCTION_ARGS)
@@ -591,9 +672,12 @@ idem_claim(PG_FUNCTION_ARGS)
 	args.fingerprint = idem_arg_identifier(fcinfo, 2, "fingerprint", false);
 	idem_claim_args(fcinfo, 3, 4, 5, &args);
 	args.may_defer = true;
+	if (PG_NARGS() > 6)
+		args.holder = idem_arg_identifier(fcinfo, 6, "holder", false);
 
 	idem_store_check_tenant(fcinfo, k.tenant_id);
 	idem_store_begin(fcinfo);
+	check_holder_column(&args);
 	idem_claim_one(&k, &args, &res);
 	idem_stats_count_claim(&res);
 

@@ -16,6 +16,7 @@ typedef struct IdemClaimArgs
 	int64		ttl_us;
 	int64		wait_us;		/* 0: never wait */
 	bool		may_defer;		/* a fresh claim may be held (held.c) */
+	text	   *holder;			/* NULL: none; else may re-enter its claim */
 } IdemClaimArgs;
 
 extern void idem_claim_args(FunctionCallInfo fcinfo, int lease_arg,

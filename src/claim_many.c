@@ -331,8 +331,9 @@ insert_each_fresh(FreshInsert *f)
 		BatchKey   *bk = &f->batch->keys[i];
 
 		if (bk->locked)
-			bk->inserted = idem_store_insert(&bk->k, bk->fingerprint, bk->token,
-											 f->now, f->lease_end, f->ttl_us);
+			bk->inserted = idem_store_insert(&bk->k, bk->fingerprint, NULL,
+											 bk->token, f->now, f->lease_end,
+											 f->ttl_us);
 	}
 }
 

@@ -70,6 +70,7 @@ typedef struct RecordColumns
 	AttrNumber	updated_at;
 	AttrNumber	recovery_point;
 	AttrNumber	state;
+	AttrNumber	holder;			/* 1.4 */
 } RecordColumns;
 
 static Oid	read_table = InvalidOid;
@@ -124,6 +125,7 @@ idem_direct_read_attach(Oid table, Oid key_index, bool distributed,
 	columns.updated_at = get_attnum(table, "updated_at");
 	columns.recovery_point = get_attnum(table, "recovery_point");
 	columns.state = get_attnum(table, "state");
+	columns.holder = get_attnum(table, "holder");
 }
 
 /*
@@ -203,6 +205,8 @@ record_from_slot(TupleTableSlot *slot, IdemRecord *rec)
 	rec->recovery_point = isnull ? NULL : (text *) DatumGetPointer(d);
 	d = copied_varlena(slot, columns.state, &isnull);
 	rec->state = isnull ? (Datum) 0 : d;
+	d = copied_varlena(slot, columns.holder, &isnull);
+	rec->holder = isnull ? NULL : (text *) DatumGetPointer(d);
 
 	tuple = ExecFetchSlotHeapTuple(slot, false, NULL);
 	rec->xmin = HeapTupleHeaderGetRawXmin(tuple->t_data);

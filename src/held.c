@@ -143,6 +143,8 @@ remove_entry(int i)
 	pfree(p->key);
 	if (p->fingerprint != NULL)
 		pfree(p->fingerprint);
+	if (p->holder != NULL)
+		pfree(p->holder);
 	if (p->response != (Datum) 0)
 		pfree(DatumGetPointer(p->response));
 	held[i] = held[--held_used];
@@ -318,7 +320,7 @@ act_as_statement(void)
  * committed meanwhile (a trigger, say), so it is no longer as made.
  */
 bool
-idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
+idem_held_add(const IdemKey *k, text *fingerprint, text *holder, int64 token,
 			  TimestampTz now, TimestampTz lease_expires_at, int64 ttl_us)
 {
 	Oid			table = idem_store_table();
@@ -354,6 +356,8 @@ idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
 	p->key = (text *) PG_DETOAST_DATUM_COPY(PointerGetDatum(k->key));
 	p->fingerprint = fingerprint ?
 		(text *) PG_DETOAST_DATUM_COPY(PointerGetDatum(fingerprint)) : NULL;
+	p->holder = holder ?
+		(text *) PG_DETOAST_DATUM_COPY(PointerGetDatum(holder)) : NULL;
 	MemoryContextSwitchTo(old);
 
 	p->schema = idem_store_schema();
@@ -408,6 +412,7 @@ write_steps(IdemHeldClaim *p, HeldWrite what)
 		.lease_expires_at = p->lease_expires_at,
 		.ttl_us = p->ttl_us,
 		.fingerprint = p->fingerprint,
+		.holder = p->holder,
 	};
 	ItemPointerData tid;
 
@@ -535,12 +540,12 @@ may_record_settle(IdemHeldClaim *p, AclMode mode)
  * decided while the row is formed.  So a settle that might toast is not
  * recorded; the claim is written and settled at once.  The bound is the
  * one heap_update toasts above, less the most the row's other columns can
- * take (three identifiers of at most IDEM_MAX_IDENTIFIER_BYTES, and 256
- * bytes for the tuple header and the fixed-width columns), so a row that
- * might cross it is never held.
+ * take (four identifiers of at most IDEM_MAX_IDENTIFIER_BYTES: tenant_id,
+ * key, fingerprint, holder; and 256 bytes for the tuple header and the
+ * fixed-width columns), so a row that might cross it is never held.
  */
 #define ROW_ALLOWANCE_BYTES \
-	(3 * (IDEM_MAX_IDENTIFIER_BYTES + VARHDRSZ) + 256)
+	(4 * (IDEM_MAX_IDENTIFIER_BYTES + VARHDRSZ) + 256)
 
 static bool
 may_be_toasted(Datum response)

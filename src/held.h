@@ -33,6 +33,7 @@ typedef struct IdemHeldClaim
 	text	   *tenant_id;
 	text	   *key;
 	text	   *fingerprint;	/* NULL: none */
+	text	   *holder;			/* NULL: none */
 	Oid			schema;			/* where the table is */
 	Oid			table;
 	Oid			owner;			/* the table's owner, who writes it */
@@ -54,9 +55,9 @@ extern PGDLLIMPORT bool idem_claims_held;
 extern bool idem_held_allowed(Oid table);
 extern IdemHeldRef idem_held_find(const IdemKey *k, AclMode mode);
 extern const IdemHeldClaim *idem_held_get(IdemHeldRef ref);
-extern bool idem_held_add(const IdemKey *k, text *fingerprint, int64 token,
-							 TimestampTz now, TimestampTz lease_expires_at,
-							 int64 ttl_us);
+extern bool idem_held_add(const IdemKey *k, text *fingerprint, text *holder,
+						  int64 token, TimestampTz now,
+						  TimestampTz lease_expires_at, int64 ttl_us);
 extern bool idem_held_finish(IdemHeldRef ref, IdemStatus status,
 								Datum response, bool response_isnull,
 								TimestampTz now);

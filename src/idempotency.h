@@ -91,8 +91,8 @@ typedef enum IdemStatus
 
 /*
  * One record as the caller's snapshot sees it.  Its varlena values
- * (fingerprint, response, recovery_point, state) are in the memory of the
- * call's SPI connection: valid until idem_store_end().
+ * (fingerprint, response, recovery_point, state, holder) are in the memory
+ * of the call's SPI connection: valid until idem_store_end().
  */
 typedef struct IdemRecord
 {
@@ -109,6 +109,7 @@ typedef struct IdemRecord
 	TransactionId xmin;			/* to recognise our own transaction's claim */
 	text	   *recovery_point; /* NULL: no checkpoint (or the 1.0 objects) */
 	Datum		state;			/* 0: none */
+	text	   *holder;			/* who claimed it (1.4); NULL: none, or before 1.4 */
 } IdemRecord;
 
 /* What a fenced write (complete/release/heartbeat) needs. */
@@ -148,6 +149,7 @@ typedef struct IdemClaimResult
 	text	   *recovery_point; /* claimed after a holder's checkpoint, else NULL */
 	Datum		state;			/* its state, 0: none */
 	bool		took_over;		/* claimed a stale claim (for statistics) */
+	bool		reentered;		/* claimed again by its holder: nothing written */
 	bool		stale_failed;	/* turned a stale claim into failed */
 } IdemClaimResult;
 

@@ -7,6 +7,7 @@
 
 #include "funcapi.h"
 #include "utils/builtins.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "direct_read.h"
@@ -24,7 +25,9 @@ PG_FUNCTION_INFO_V1(idem_forget);
 /*
  * idem_lookup(tenant_id, key) RETURNS SETOF (status, token, response,
  *		fingerprint, lease_expires_at, expires_at, created_at, updated_at,
- *		recovery_point, state); the last two from 1.1 on
+ *		recovery_point, state, holder); recovery_point and state from 1.1
+ *		on, holder from 1.4 on (the row has the columns the function's
+ *		OUT parameters name)
  *
  * Zero or one row, as stored, except that a processing record whose lease
  * ended and that keeps a recovery point for the next delivery shows the
@@ -42,7 +45,15 @@ idem_lookup(PG_FUNCTION_ARGS)
 	k.key = idem_arg_identifier(fcinfo, 1, "key", true);
 	idem_store_check_tenant(fcinfo, k.tenant_id);
 
-	InitMaterializedSRF(fcinfo, 0);
+	/*
+	 * A call planned before ALTER EXTENSION idempotency UPDATE dropped and
+	 * created idem_lookup again (1.4) can run after that commits, when its
+	 * function is gone: it returns the columns its query expects.
+	 */
+	InitMaterializedSRF(fcinfo,
+						SearchSysCacheExists1(PROCOID,
+											  ObjectIdGetDatum(fcinfo->flinfo->fn_oid)) ?
+						0 : MAT_SRF_USE_EXPECTED_DESC);
 
 	/* held claims: written before this statement started (hooks.c), or
 	 * now, when it is called outside any statement (a PL/pgSQL expression) */
@@ -50,8 +61,8 @@ idem_lookup(PG_FUNCTION_ARGS)
 	idem_store_begin(fcinfo);
 	if (idem_store_read(&k, &rec, false))
 	{
-		Datum		values[10];
-		bool		nulls[10] = {false};
+		Datum		values[11];
+		bool		nulls[11] = {false};
 
 		values[0] = CStringGetTextDatum(idem_record_resumable(&rec, GetCurrentTimestamp()) ?
 										"resumable" : idem_status_name(rec.status));
@@ -70,6 +81,9 @@ idem_lookup(PG_FUNCTION_ARGS)
 		nulls[8] = rec.recovery_point == NULL;
 		values[9] = rec.state;
 		nulls[9] = rec.state == (Datum) 0;
+		/* from 1.4 on: who claimed it */
+		values[10] = PointerGetDatum(rec.holder);
+		nulls[10] = rec.holder == NULL;
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	}
 	idem_store_end();

@@ -4,8 +4,8 @@
  *		idempotency_records, with its argument and result types.
  *
  * Each statement is written once, here, as text with the table left open
- * ("%1$s") and the recovery point columns as placeholders (the 1.0 objects
- * have none).  store_attach.c prepares them on the table or on one of its
+ * ("%1$s") and the recovery point columns (1.1) and the holder column
+ * (1.4) as placeholders: a table still at an older version has none.  store_attach.c prepares them on the table or on one of its
  * shards; store_sweep.c also sends the cluster sweeps as text to each
  * placement.  Each statement of one key targets one (tenant_id, key), and
  * "now" is computed in C and passed as a parameter.
@@ -74,7 +74,8 @@
 #define RESULT(...) \
 	.columns = {__VA_ARGS__}, .ncolumns = lengthof(((Oid[]) {__VA_ARGS__}))
 #define RECORD_COLUMNS TEXTOID, INT8OID, TEXTOID, JSONBOID, TIMESTAMPTZOID, \
-	TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, XIDOID, TEXTOID, JSONBOID
+	TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, XIDOID, TEXTOID, JSONBOID, \
+	TEXTOID
 #define SWEPT_COLUMNS BOOLOID, TIMESTAMPTZOID
 
 /*
@@ -105,7 +106,7 @@ const IdemStatement idem_statements[NUM_QUERIES] = {
 	[Q_READ] = {
 		.text =
 		"SELECT status, token, fingerprint, response, expires_at, lease_expires_at,"
-		" created_at, updated_at, xmin, @POINT@, @STATE@ FROM %1$s" BY_KEY,
+		" created_at, updated_at, xmin, @POINT@, @STATE@, @HOLDER@ FROM %1$s" BY_KEY,
 		ARGS(TEXTOID, TEXTOID),
 		RESULT(RECORD_COLUMNS),
 	},
@@ -128,17 +129,21 @@ const IdemStatement idem_statements[NUM_QUERIES] = {
 			INTERVALOID, TEXTARRAYOID),
 	},
 
+	/* $8: the holder (not named before 1.4: the claim has none then) */
 	[Q_INSERT] = {
 		.text =
 		"INSERT INTO %1$s (tenant_id, key, token, expires_at, lease_expires_at,"
-		" created_at, updated_at, ttl, status, fingerprint)"
-		" VALUES ($1, $2, $3, $4, $4, $5, $5, $6, 'processing', $7)"
+		" created_at, updated_at, ttl, status, fingerprint@HOLDER_COLUMN@)"
+		" VALUES ($1, $2, $3, $4, $4, $5, $5, $6, 'processing', $7@HOLDER_VALUE@)"
 		" ON CONFLICT (tenant_id, key) DO NOTHING",
 		ARGS(TEXTOID, TEXTOID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID, INTERVALOID,
-			TEXTOID),
+			TEXTOID, TEXTOID),
 	},
 
-	/* $8: a new lifetime (expired record reused) rather than a takeover */
+	/*
+	 * $8: a new lifetime (expired record reused) rather than a takeover;
+	 * $10: the new claimant's holder, which replaces the old one
+	 */
 	[Q_TAKE_OVER] = {
 		.text =
 		"UPDATE %1$s SET status = 'processing', token = $9,"
@@ -148,11 +153,11 @@ const IdemStatement idem_statements[NUM_QUERIES] = {
 		" expires_at = CASE WHEN NOT $8 AND @HAS_POINT@"
 		" THEN pg_catalog.timezone('UTC', pg_catalog.timezone('UTC', $6) OPERATOR(pg_catalog.+) $7)"
 		" ELSE $6 END"
-		" @CHECKPOINT_RESET@"
+		" @CHECKPOINT_RESET@@HOLDER_SET@"
 		BY_KEY "AND token" EQ "$3 AND" LIVE_UNTIL "OPERATOR(pg_catalog.<=) $5"
 		" RETURNING token",
 		ARGS(TEXTOID, TEXTOID, INT8OID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID,
-			INTERVALOID, BOOLOID, INT8OID),
+			INTERVALOID, BOOLOID, INT8OID, TEXTOID),
 		RESULT(INT8OID),
 	},
 
@@ -163,7 +168,7 @@ const IdemStatement idem_statements[NUM_QUERIES] = {
 		BY_KEY "AND token" EQ "$3 AND status" EQ "'processing' AND @NO_POINT@"
 		" AND" LIVE_UNTIL "OPERATOR(pg_catalog.<=) $5"
 		" RETURNING status, token, fingerprint, response, expires_at, lease_expires_at,"
-		" created_at, updated_at, xmin, @POINT@, @STATE@",
+		" created_at, updated_at, xmin, @POINT@, @STATE@, @HOLDER@",
 		ARGS(TEXTOID, TEXTOID, INT8OID, JSONBOID, TIMESTAMPTZOID),
 		RESULT(RECORD_COLUMNS),
 	},
@@ -338,6 +343,18 @@ static const char *const checkpoint_parts[][3] = {
 	{"@HAS_POINT@", "recovery_point IS NOT NULL", "false"},
 };
 
+/*
+ * The parts of a statement that name the holder column, and what stands in
+ * for them before 1.4.  An unused parameter ($8 of Q_INSERT, $10 of
+ * Q_TAKE_OVER) is allowed: the statements are prepared with their types.
+ */
+static const char *const holder_parts[][3] = {
+	{"@HOLDER@", "holder", "NULL::pg_catalog.text"},
+	{"@HOLDER_COLUMN@", ", holder", ""},
+	{"@HOLDER_VALUE@", ", $8", ""},
+	{"@HOLDER_SET@", ", holder = $10", ""},
+};
+
 /* Every "from" in text replaced by "to", in a new string. */
 char *
 idem_replace_all(const char *text, const char *from, const char *to)
@@ -357,19 +374,16 @@ idem_replace_all(const char *text, const char *from, const char *to)
 }
 
 /*
- * Replace every placeholder of checkpoint_parts in sql: the columns, or
- * (has_checkpoints false: the 1.0 objects) what stands in for them.
+ * Replace every placeholder of parts (n of them) in text, which is freed:
+ * the columns, or (present false) what stands in for them.
  */
 static char *
-expand_checkpoint_parts(const char *sql, bool has_checkpoints)
+expand_parts(char *text, const char *const (*parts)[3], size_t n, bool present)
 {
-	char	   *text = pstrdup(sql);
-
-	for (size_t i = 0; i < lengthof(checkpoint_parts); i++)
+	for (size_t i = 0; i < n; i++)
 	{
-		const char *const *part = checkpoint_parts[i];
-		char	   *expanded = idem_replace_all(text, part[0],
-										   has_checkpoints ? part[1] : part[2]);
+		char	   *expanded = idem_replace_all(text, parts[i][0],
+										   present ? parts[i][1] : parts[i][2]);
 
 		pfree(text);
 		text = expanded;
@@ -381,17 +395,19 @@ expand_checkpoint_parts(const char *sql, bool has_checkpoints)
 /*
  * The text of statement q on relation (quoted and schema-qualified, or
  * "%s" for a command run on each placement), for a table with the recovery
- * point columns or without them; palloc'd.
+ * point columns or without them, and with the holder column or without it;
+ * palloc'd.
  */
 char *
-idem_statement_text(IdemQuery q, const char *relation, bool has_checkpoints)
+idem_statement_text(IdemQuery q, const char *relation, bool has_checkpoints,
+					bool has_holder)
 {
 	StringInfoData sql;
 	char	   *text;
 
 	initStringInfo(&sql);
 	appendStringInfo(&sql, idem_statements[q].text, relation);
-	text = expand_checkpoint_parts(sql.data, has_checkpoints);
-	pfree(sql.data);
-	return text;
+	text = expand_parts(sql.data, checkpoint_parts, lengthof(checkpoint_parts),
+						has_checkpoints);
+	return expand_parts(text, holder_parts, lengthof(holder_parts), has_holder);
 }

@@ -50,13 +50,13 @@ typedef struct IdemStatement
 	int			nargs;
 	Oid			argtypes[13];
 	int			ncolumns;
-	Oid			columns[11];
+	Oid			columns[12];
 } IdemStatement;
 
 extern const IdemStatement idem_statements[NUM_QUERIES];
 
 extern char *idem_statement_text(IdemQuery q, const char *relation,
-								 bool has_checkpoints);
+								 bool has_checkpoints, bool has_holder);
 extern char *idem_replace_all(const char *text, const char *from,
 							  const char *to);
 

@@ -86,6 +86,8 @@ record_from_tuple(IdemRecord *rec)
 	rec->recovery_point = isnull ? NULL : (text *) DatumGetPointer(varlena_in_place(d));
 	d = SPI_getbinval(tup, desc, c + 10, &isnull);
 	rec->state = isnull ? (Datum) 0 : varlena_in_place(d);
+	d = SPI_getbinval(tup, desc, c + 11, &isnull);
+	rec->holder = isnull ? NULL : (text *) DatumGetPointer(varlena_in_place(d));
 }
 
 /* A copy of varlena p if it lies inside tup (else p: already a copy, or NULL). */
@@ -128,6 +130,7 @@ idem_store_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot)
 		rec->recovery_point = copy_out_of_tuple(tup, rec->recovery_point);
 		rec->state = PointerGetDatum(copy_out_of_tuple(tup,
 													   DatumGetPointer(rec->state)));
+		rec->holder = copy_out_of_tuple(tup, rec->holder);
 	}
 	SPI_freetuptable(SPI_tuptable);
 	return found;
@@ -178,13 +181,15 @@ idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
 /*
  * Insert a fresh processing record.  Returns false when the key exists (a
  * conflict never raises a unique violation into the caller's transaction).
+ * holder (or NULL) is stored where the table has the column (1.4).
  */
 bool
-idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
-				  TimestampTz now, TimestampTz lease_expires_at, int64 ttl_us)
+idem_store_insert(const IdemKey *k, text *fingerprint, text *holder,
+				  int64 token, TimestampTz now, TimestampTz lease_expires_at,
+				  int64 ttl_us)
 {
-	Datum		values[7];
-	char		nulls[8] = "       ";
+	Datum		values[8];
+	char		nulls[9] = "        ";
 
 	values[0] = PointerGetDatum(k->tenant_id);
 	values[1] = PointerGetDatum(k->key);
@@ -194,22 +199,24 @@ idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
 	values[5] = interval_datum(ttl_us);
 	values[6] = PointerGetDatum(fingerprint);
 	nulls[6] = fingerprint ? ' ' : 'n';
+	values[7] = PointerGetDatum(holder);
+	nulls[7] = holder ? ' ' : 'n';
 
 	return idem_store_run(Q_INSERT, values, nulls, false, 0) == 1;
 }
 
 /*
  * Give an expired record (stale claim, or retention over) to a new claim
- * with token new_token: processing, new lease.  Fails (returns false) if
- * the record changed since it was read.
+ * with token new_token and holder (or NULL): processing, new lease.  Fails
+ * (returns false) if the record changed since it was read.
  */
 bool
 idem_store_take_over(const IdemKey *k, int64 old_token, int64 new_token,
-					 text *fingerprint, bool new_lifetime, TimestampTz now,
-					 TimestampTz lease_expires_at, int64 ttl_us)
+					 text *fingerprint, text *holder, bool new_lifetime,
+					 TimestampTz now, TimestampTz lease_expires_at, int64 ttl_us)
 {
-	Datum		values[9];
-	char		nulls[10] = "         ";
+	Datum		values[10];
+	char		nulls[11] = "          ";
 
 	values[0] = PointerGetDatum(k->tenant_id);
 	values[1] = PointerGetDatum(k->key);
@@ -221,6 +228,8 @@ idem_store_take_over(const IdemKey *k, int64 old_token, int64 new_token,
 	values[6] = interval_datum(ttl_us);
 	values[7] = BoolGetDatum(new_lifetime);
 	values[8] = Int64GetDatum(new_token);
+	values[9] = PointerGetDatum(holder);
+	nulls[9] = holder ? ' ' : 'n';
 
 	return idem_store_run(Q_TAKE_OVER, values, nulls, false, 0) == 1;
 }

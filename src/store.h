@@ -15,12 +15,13 @@ extern uint64 idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
 									 bool speculative,
 									 void (*inserted) (void *arg, text *key),
 									 void *arg);
-extern bool idem_store_insert(const IdemKey *k, text *fingerprint, int64 token,
-							  TimestampTz now, TimestampTz lease_expires_at,
-							  int64 ttl_us);
+extern bool idem_store_insert(const IdemKey *k, text *fingerprint,
+							  text *holder, int64 token, TimestampTz now,
+							  TimestampTz lease_expires_at, int64 ttl_us);
 extern bool idem_store_take_over(const IdemKey *k, int64 old_token,
 								 int64 new_token, text *fingerprint,
-								 bool new_lifetime, TimestampTz now,
+								 text *holder, bool new_lifetime,
+								 TimestampTz now,
 								 TimestampTz lease_expires_at, int64 ttl_us);
 extern bool idem_store_fail_stale(const IdemKey *k, int64 old_token,
 								  TimestampTz now, IdemRecord *rec);

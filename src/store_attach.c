@@ -65,6 +65,7 @@ static Oid	cached_schema = InvalidOid;
 static Oid	cached_table = InvalidOid;
 static bool table_verified = false;
 static bool has_checkpoints = false;	/* recovery_point and state (1.1) */
+static bool has_holder = false; /* holder (1.4) */
 static bool table_distributed = false;	/* a Citus table (citus.c) */
 static bool table_as_made = false;	/* as the extension made it */
 static char *isolation_setting = NULL;	/* the extension's own tenant
@@ -156,11 +157,18 @@ store_syscache_callback(Datum arg, int cacheid, uint32 hashvalue)
 	function_schemas_used = 0;
 }
 
-/* The schema of function fn_oid, through the small cache above. */
+/*
+ * The schema of function fn_oid, through the small cache above.  A call
+ * planned before ALTER EXTENSION idempotency UPDATE dropped and created its
+ * function again (idem_claim in 1.4) can run after that commits: its
+ * function is gone, and the extension's schema, where the function was
+ * (the extension is not relocatable), is used instead.
+ */
 static Oid
 function_schema(Oid fn_oid)
 {
 	FunctionSchema *slot;
+	Oid			nsp;
 
 	for (int i = 0; i < function_schemas_used; i++)
 		if (function_schemas[i].fn_oid == fn_oid)
@@ -171,11 +179,14 @@ function_schema(Oid fn_oid)
 		CacheRegisterSyscacheCallback(PROCOID, store_syscache_callback, (Datum) 0);
 		syscache_callback_registered = true;
 	}
+	nsp = get_func_namespace(fn_oid);
+	if (!OidIsValid(nsp))
+		return idem_store_extension_schema();
 	slot = function_schemas_used < FUNCTION_SCHEMA_SLOTS ?
 		&function_schemas[function_schemas_used++] :
 		&function_schemas[fn_oid % FUNCTION_SCHEMA_SLOTS];
 	slot->fn_oid = fn_oid;
-	slot->nsp = get_func_namespace(fn_oid);
+	slot->nsp = nsp;
 	return slot->nsp;
 }
 
@@ -299,6 +310,7 @@ store_attach(Oid nsp)
 	Oid			table;
 	Oid			key_index;
 	bool		checkpoints;
+	bool		holder;
 	bool		distributed;
 
 	/*
@@ -336,14 +348,16 @@ store_attach(Oid nsp)
 	if (!OidIsValid(table))
 		report_no_table(nsp);
 
-	key_index = idem_check_table_shape(table, &checkpoints);
+	key_index = idem_check_table_shape(table, &checkpoints, &holder);
 	distributed = idem_citus_manages_table(table);
 	if (nsp != cached_schema || table != cached_table ||
-		checkpoints != has_checkpoints || distributed != table_distributed)
+		checkpoints != has_checkpoints || holder != has_holder ||
+		distributed != table_distributed)
 		store_forget_plans();
 	else
 		idem_shard_route_forget_plans();	/* the shards may have moved */
 	has_checkpoints = checkpoints;
+	has_holder = holder;
 	table_distributed = distributed;
 	table_as_made = idem_table_is_as_made(table);
 	read_isolation_setting(table);
@@ -635,6 +649,13 @@ idem_store_has_checkpoints(void)
 	return has_checkpoints;
 }
 
+/* Has the table the holder column (not before 1.4)? */
+bool
+idem_store_has_holder(void)
+{
+	return has_holder;
+}
+
 /*
  * Prepare statement q on relation rel (the table, or one of its shards),
  * kept past idem_store_end() when keep is set.
@@ -652,7 +673,7 @@ prepare_statement(IdemQuery q, Oid rel, bool keep, int cursor_options)
 	if (nspname == NULL || relname == NULL)
 		elog(ERROR, "cache lookup failed for relation %u", rel);
 	qualified = quote_qualified_identifier(nspname, relname);
-	text = idem_statement_text(q, qualified, has_checkpoints);
+	text = idem_statement_text(q, qualified, has_checkpoints, has_holder);
 	plan = SPI_prepare_cursor(text, idem_statements[q].nargs,
 							  (Oid *) idem_statements[q].argtypes, cursor_options);
 	if (plan == NULL)

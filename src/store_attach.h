@@ -44,6 +44,7 @@ extern Oid	idem_store_schema(void);
 extern Oid	idem_store_token_sequence(void);
 extern bool idem_store_table_as_made(void);
 extern bool idem_store_has_checkpoints(void);
+extern bool idem_store_has_holder(void);
 extern bool idem_store_distributed(void);
 
 /* what the call's statements do: where sweeps go */

@@ -82,6 +82,25 @@ set_column(DirectWrite *w, const char *name, Datum value, bool isnull)
 	w->slot->tts_isnull[att - 1] = isnull;
 }
 
+/*
+ * The holder column, when the table has it: a claim with a holder is
+ * refused before 1.4 (claim.c), so a table without the column gets NULL,
+ * which is what it would read there.
+ */
+static void
+set_holder(DirectWrite *w, text *holder)
+{
+	AttrNumber	att = get_attnum(RelationGetRelid(w->rel), "holder");
+
+	if (att == InvalidAttrNumber)
+	{
+		Assert(holder == NULL);
+		return;
+	}
+	w->slot->tts_values[att - 1] = PointerGetDatum(holder);
+	w->slot->tts_isnull[att - 1] = holder == NULL;
+}
+
 /* The record of row in the slot, every other column NULL. */
 static void
 fill_slot(DirectWrite *w, const IdemDirectRow *row)
@@ -111,6 +130,7 @@ fill_slot(DirectWrite *w, const IdemDirectRow *row)
 	set_column(w, "status", CStringGetTextDatum(idem_status_name(row->status)), false);
 	set_column(w, "fingerprint", PointerGetDatum(row->fingerprint), row->fingerprint == NULL);
 	set_column(w, "response", row->response, row->response_isnull);
+	set_holder(w, row->holder);
 	ExecStoreVirtualTuple(w->slot);
 }
 

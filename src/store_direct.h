@@ -22,6 +22,7 @@ typedef struct IdemDirectRow
 	TimestampTz lease_expires_at;
 	int64		ttl_us;
 	text	   *fingerprint;	/* or NULL */
+	text	   *holder;			/* or NULL (and none before 1.4) */
 	Datum		response;
 	bool		response_isnull;
 } IdemDirectRow;

@@ -195,7 +195,8 @@ placement_command(IdemQuery q, TimestampTz now)
 			 "'%04d-%02d-%02d %02d:%02d:%02d.%06d+00'::pg_catalog.timestamptz",
 			 tm.tm_year, tm.tm_mon, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
 			 (int) fsec);
-	text = idem_statement_text(q, "%s", idem_store_has_checkpoints());
+	text = idem_statement_text(q, "%s", idem_store_has_checkpoints(),
+							   idem_store_has_holder());
 	text = idem_replace_all(text, "$2",
 					   psprintf("%s::pg_catalog.jsonb",
 								quote_literal_cstr(DatumGetCString(DirectFunctionCall1(jsonb_out,

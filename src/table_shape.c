@@ -121,6 +121,9 @@ static const ExpectedColumn checkpoint_columns[] = {
 	{"state", JSONBOID},
 };
 
+/* The holder column (1.4), nullable, compared byte for byte (COLLATE "C"). */
+static const ExpectedColumn holder_column = {"holder", TEXTOID};
+
 /* Is column c present with its type?  Absent: false; other type: error. */
 static bool
 check_column(Oid table, const ExpectedColumn *c, bool required)
@@ -163,15 +166,17 @@ table_has_checkpoints(Oid table)
 
 /*
  * Check the columns and the key index of the records table; returns the
- * key index, and in *has_checkpoints whether the recovery point columns
- * are there.
+ * key index, in *has_checkpoints whether the recovery point columns are
+ * there, and in *has_holder whether the holder column is (absent until
+ * ALTER EXTENSION idempotency UPDATE to 1.4).
  */
 Oid
-idem_check_table_shape(Oid table, bool *has_checkpoints)
+idem_check_table_shape(Oid table, bool *has_checkpoints, bool *has_holder)
 {
 	for (size_t i = 0; i < lengthof(expected_columns); i++)
 		(void) check_column(table, &expected_columns[i], true);
 	*has_checkpoints = table_has_checkpoints(table);
+	*has_holder = check_column(table, &holder_column, false);
 	return check_key_index(table);
 }
 
@@ -227,7 +232,8 @@ only_key_constraint(Oid table)
 static Oid
 collation_as_made(const char *column)
 {
-	if (strcmp(column, "tenant_id") == 0 || strcmp(column, "key") == 0)
+	if (strcmp(column, "tenant_id") == 0 || strcmp(column, "key") == 0 ||
+		strcmp(column, holder_column.name) == 0)
 		return C_COLLATION_OID;
 	return DEFAULT_COLLATION_OID;
 }
@@ -254,6 +260,11 @@ column_is_as_made(Form_pg_attribute attr)
 			known = attr->atttypid == checkpoint_columns[i].type;
 			not_null = false;
 		}
+	if (!known && strcmp(name, holder_column.name) == 0)
+	{
+		known = attr->atttypid == holder_column.type;
+		not_null = false;
+	}
 	if (!known || attr->atthasdef || attr->attgenerated != '\0' ||
 		attr->attidentity != '\0' || attr->attnotnull != not_null)
 		return false;

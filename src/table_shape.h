@@ -11,7 +11,8 @@
 #include "idempotency.h"
 
 /* the table's shape (table_shape.c) */
-extern Oid	idem_check_table_shape(Oid table, bool *has_checkpoints);
+extern Oid	idem_check_table_shape(Oid table, bool *has_checkpoints,
+								   bool *has_holder);
 
 extern bool idem_table_is_as_made(Oid table);
 extern char *idem_table_isolation_setting(Oid table);

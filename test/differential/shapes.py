@@ -7,6 +7,8 @@ taken from that side's own earlier results (a claim step stores its token
 under the key it claimed).
 """
 
+import random
+
 from harness import REC_TRIGGERS, Step
 
 # PostgreSQL renamed force_parallel_mode to debug_parallel_query in 16: the
@@ -27,6 +29,9 @@ class G:
 
     def __init__(self, rng, case):
         self.r = rng
+        # holders (1.4) are drawn from a source of their own, so that every
+        # case is the one it was before, with holders added to its claims
+        self.holder_rng = random.Random('holder/%d' % case.num)
         self.case = case
         self.t = 't%d' % case.num
         self.steps = []
@@ -60,6 +65,10 @@ class G:
             args.append('lease => %s' % q(self.r.choice(['10 min', '1 h'])))
         elif r < 0.35:
             args.append('ttl => %s' % q('2 h'))
+        # 1.4: a holder, so that the same holder re-enters its claims (held
+        # or written) and another one meets them
+        if self.holder_rng.random() < 0.3:
+            args.append('holder => %s' % q(self.holder_rng.choice(['run-1', 'run-2'])))
         return ', '.join(args)
 
     def claim(self, k):
@@ -83,7 +92,7 @@ class G:
 
     def lookup(self, k):
         self.add('SELECT status, token, response, fingerprint, lease_expires_at, expires_at, created_at, '
-                 'updated_at FROM idem_lookup(%s, %s)' % (q(self.t), q(k)))
+                 'updated_at, holder FROM idem_lookup(%s, %s)' % (q(self.t), q(k)))
 
     def forget(self, k):
         self.add('SELECT idem_forget(%s, %s)' % (q(self.t), q(k)))

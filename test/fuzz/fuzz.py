@@ -537,7 +537,8 @@ CHECKS = {'idem_claim_many': check_claim_many, 'idem_claim': check_claim, 'idem_
 SIGNATURES = {
     'idem_claim': [('tenant_id', 'tenant', True), ('key', 'key', True),
                    ('fingerprint', 'fingerprint', False), ('lease', 'duration', False),
-                   ('ttl', 'duration', False), ('wait', 'duration', False)],
+                   ('ttl', 'duration', False), ('wait', 'duration', False),
+                   ('holder', 'fingerprint', False)],       # holder: 1.4
     'idem_complete': [('tenant_id', 'tenant', True), ('key', 'key', True),
                       ('token', 'token', True), ('response', 'jsonb', False)],
     'idem_release': [('tenant_id', 'tenant', True), ('key', 'key', True),

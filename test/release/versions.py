@@ -5,7 +5,10 @@ Used by test/suites/05-release.  Reads, from the root of a tree:
   idempotency.control   default_version             (the SQL version, e.g. 1.1)
   META.json             version, provides.*.version (the same with a third digit, 1.1.0)
   debian/changelog      the newest entry's version
-  CHANGELOG.md          the newest released entry ("## 1.1 — 2026-11-23"; "## Unreleased" is skipped)
+  CHANGELOG.md          the newest released entry ("## 1.1 — 2026-11-23"), or the version an
+                        unreleased entry is for ("## Unreleased (1.4)": SQL objects changed and
+                        their update script written, not yet released); a plain
+                        "## Unreleased" (library changes only) is skipped
 and reports every disagreement.  Also: CHANGELOG.md's releases are dated and
 newest first, debian/changelog lists the same releases, every release after
 the first has its update script idempotency--<previous>--<version>.sql, and
@@ -25,6 +28,7 @@ import tempfile
 
 PLACEHOLDER = 'to-fill-in.example'
 RELEASE_HEADING = re.compile(r'^## (\d+(?:\.\d+){1,2})\s+—\s+(\d{4}-\d{2}-\d{2})\s*$')
+UPCOMING_HEADING = re.compile(r'^## Unreleased \((\d+(?:\.\d+){1,2})\)\s*$')
 FILES = ('idempotency.control', 'META.json', 'debian/changelog', 'debian/copyright', 'CHANGELOG.md', 'LICENSE')
 
 
@@ -40,14 +44,18 @@ def read(root, rel):
 
 
 def changelog_releases(text):
-    """[(version, date)] of CHANGELOG.md's release headings, in file order,
-    and the headings that look like a release but do not parse."""
+    """[(version, date)] of CHANGELOG.md's release headings, in file order
+    (an upcoming version, "## Unreleased (X.Y)", with the date None), and
+    the headings that look like a release but do not parse."""
     releases, bad = [], []
     for line in text.split('\n'):
         if line.startswith('## ') and line.strip() != '## Unreleased':
             m = RELEASE_HEADING.match(line)
+            up = UPCOMING_HEADING.match(line)
             if m:
                 releases.append((m.group(1), m.group(2)))
+            elif up and not releases:
+                releases.append((up.group(1), None))
             else:
                 bad.append(line)
     return releases, bad
@@ -83,7 +91,7 @@ def problems(root):
 
     releases, bad = changelog_releases(texts['CHANGELOG.md'])
     for line in bad:
-        out.append('CHANGELOG.md: a heading that is neither "## Unreleased" nor "## X.Y — YYYY-MM-DD": %s' % line)
+        out.append('CHANGELOG.md: a heading that is neither "## Unreleased", "## Unreleased (X.Y)" (first) nor "## X.Y — YYYY-MM-DD": %s' % line)
     if not releases:
         out.append('CHANGELOG.md has no released entry')
     else:
@@ -98,7 +106,7 @@ def problems(root):
     if order != sorted(order, reverse=True) or len(set(order)) != len(order):
         out.append('CHANGELOG.md: releases not newest first, or one listed twice: %s'
                    % ', '.join(v for v, _ in releases))
-    dates = [d for _, d in releases]
+    dates = [d for _, d in releases if d is not None]
     if dates != sorted(dates, reverse=True):
         out.append('CHANGELOG.md: release dates not newest first: %s' % ', '.join(dates))
     if sorted(norm(v) for v in deb) != sorted(order):
@@ -157,6 +165,8 @@ FAULTS = [
     ('CHANGELOG.md newest release', 'CHANGELOG.md', sub(r'^## (\d+\.\d+) —', r'## 9.9 —')),
     ('CHANGELOG.md undated release', 'CHANGELOG.md', sub(r'^(## \d+\.\d+) — \S+', r'\1')),
     ('CHANGELOG.md releases out of order', 'CHANGELOG.md', sub(r'^## 1\.0 — ', '## 1.5 — ')),
+    ('CHANGELOG.md upcoming version below a release', 'CHANGELOG.md',
+     sub(r'^## 1\.0 — ', '## Unreleased (1.0.1)\n\n## 1.0 — ')),
     ('META.json licence', 'META.json', sub(r'"license": "postgresql"', '"license": "mit"')),
     ('debian/copyright licence', 'debian/copyright', sub(r'^License: PostgreSQL$', 'License: Expat')),
     ('debian/copyright licence text', 'debian/copyright', sub(r'without fee', 'for a fee')),

@@ -645,8 +645,8 @@ class Driver:
         conn = connect(self.args)
         conn.autocommit = True
         cur = conn.cursor()
-        cur.execute("SELECT to_regprocedure('idem_claim(text, text, text, interval,"
-                    " interval, interval)') IS NULL")
+        cur.execute("SELECT NOT EXISTS (SELECT FROM pg_catalog.pg_proc"
+                    " WHERE proname = 'idem_claim')")
         if cur.fetchone()[0]:
             cur.execute("CREATE EXTENSION idempotency")
         # the checker models stale claims being released (deleted), the default

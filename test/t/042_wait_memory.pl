@@ -32,7 +32,7 @@ $node->safe_psql('postgres', q{
 CREATE EXTENSION idempotency;
 CREATE ROLE app LOGIN;
 GRANT USAGE ON SCHEMA public TO app;
-GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval) TO app;
+GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval, text) TO app;
 GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO app;
 SELECT idem_set_tenant_isolation(true, 'app.tenant');
 SET app.tenant = 'a';

@@ -26,7 +26,7 @@ $node->safe_psql('postgres', q{
 	CREATE ROLE app LOGIN;
 	CREATE EXTENSION idempotency;
 	GRANT USAGE ON SCHEMA public TO app;
-	GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval), idem_claim_many(text, text[], text[], interval, interval), idem_complete(text, text, bigint, jsonb), idem_release(text, text, bigint, jsonb), idem_heartbeat(text, text, bigint, interval), idem_checkpoint(text, text, bigint, text, jsonb, interval), idem_child_key(text, text, text), idem_lookup(text, text) TO app;
+	GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval, text), idem_claim_many(text, text[], text[], interval, interval), idem_complete(text, text, bigint, jsonb), idem_release(text, text, bigint, jsonb), idem_heartbeat(text, text, bigint, interval), idem_checkpoint(text, text, bigint, text, jsonb, interval), idem_child_key(text, text, text), idem_lookup(text, text) TO app;
 	GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO app;
 	SELECT idem_set_tenant_isolation(true, 'app.tenant');
 });

@@ -30,7 +30,7 @@ from common import Server, check, one, rows, run, sqlstate, records, claim, resu
 
 APP_GRANTS = """
     GRANT USAGE ON SCHEMA public TO idem_app;
-    GRANT EXECUTE ON FUNCTION public.idem_claim(text, text, text, interval, interval, interval),
+    GRANT EXECUTE ON FUNCTION public.idem_claim(text, text, text, interval, interval, interval, text),
                               public.idem_claim_many(text, text[], text[], interval, interval),
                               public.idem_complete(text, text, bigint, jsonb),
                               public.idem_release(text, text, bigint, jsonb),

@@ -385,7 +385,7 @@ def main():
         ('an index', 'CREATE INDEX idem_tamper_idx ON public.idempotency_records (status)', 'idem_tamper_idx'),
         ('a constraint', "ALTER TABLE public.idempotency_records ADD CONSTRAINT idem_tamper_ck CHECK (token > 0)",
          'idem_tamper_ck'),
-        ('a grant', 'GRANT EXECUTE ON FUNCTION public.idem_claim(text, text, text, interval, interval, interval) '
+        ('a grant', 'GRANT EXECUTE ON FUNCTION public.idem_claim(text, text, text, interval, interval, interval, text) '
                     'TO PUBLIC', 'idem_claim'),
         ('row-level security', 'ALTER TABLE public.idempotency_records ENABLE ROW LEVEL SECURITY',
          'row_security'),

@@ -33,7 +33,7 @@ RLS = """SELECT relrowsecurity FROM pg_catalog.pg_class
 CONFIG = """SELECT (SELECT pg_catalog.json_agg(t) FROM public.idem_tenant_isolation t)::text,
                    (SELECT pg_catalog.json_agg(x ORDER BY x.index_name) FROM public.idem_extra_indexes x)::text"""
 GRANTS = """SELECT pg_catalog.has_table_privilege('idem_app', 'public.idempotency_records', 'SELECT, INSERT, UPDATE, DELETE'),
-                   pg_catalog.has_function_privilege('idem_app', 'public.idem_claim(text, text, text, interval, interval, interval)', 'EXECUTE'),
+                   pg_catalog.has_function_privilege('idem_app', 'public.idem_claim(text, text, text, interval, interval, interval, text)', 'EXECUTE'),
                    pg_catalog.has_function_privilege('idem_app', 'public.idem_sweep(integer)', 'EXECUTE'),
                    pg_catalog.has_table_privilege('idem_app', 'public.idem_extra_indexes', 'SELECT')"""
 
