@@ -598,6 +598,8 @@ def judge(fn, args, phase):
 
     checks = []
     for name, gen, required in SIGNATURES[fn]:
+        if fn == 'idem_claim' and name == 'holder':
+            continue                           # judged after the ttl floor, below
         a = vals.get(name)
         if a is not None and a.parse is not None:
             checks.append({'valid'})           # the parser's error comes first (see render)
@@ -644,6 +646,15 @@ def judge(fn, args, phase):
         ttl_us = ttl.us if ttl is not None and ttl.kind == 'dur' else phase['ttl_s'] * 10 ** 6
         checks.append({'22023'} if phase['min_ttl_s'] and ttl_us < phase['min_ttl_s'] * 10 ** 6
                       else {'valid'})
+        # holder (1.4): read after the other arguments and their ttl floor
+        holder = vals.get('holder')
+        if holder is not None and holder.parse is not None:
+            checks.append({'valid'})
+        elif holder is None or holder.kind == 'null':
+            checks.append({'valid'})
+        else:
+            checks.append({'22023'} if holder.kind == 'empty' else {'22001'} if holder.kind == 'long'
+                          else {'valid'})
         wait = vals.get('wait')
         checks.append(end_check(wait.us if wait is not None and wait.kind == 'dur' else 0))
     if fn == 'idem_claim_many':
