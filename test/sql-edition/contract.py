@@ -61,10 +61,155 @@ def error(conn, sql, params=None):
     return None
 
 
-def claim(conn, tenant, key, fp=None, lease=None, ttl=None, wait=None):
+def claim(conn, tenant, key, fp=None, lease=None, ttl=None, wait=None, holder=None):
     return one(conn, 'SELECT outcome, token, response, expires_at, recovery_point, state'
-                     ' FROM idem_claim(%s, %s, %s, %s::interval, %s::interval, %s::interval)',
-               (tenant, key, fp, lease, ttl, wait))
+                     ' FROM idem_claim(%s, %s, %s, %s::interval, %s::interval, %s::interval, %s)',
+               (tenant, key, fp, lease, ttl, wait, holder))
+
+
+def reentry(su, owner, app):
+    """Re-entrant claims (1.4, issue 47): a claim with a holder answers claimed
+    again, with the same token and lease, to the same holder while its lease
+    lasts, and in_progress to everyone else; a takeover after the lease is
+    anyone's and fences the old token; the holder is stored, shown by
+    idem_lookup, checked like a key; tenant isolation still confines."""
+    def row(key, tenant='re'):
+        return one(su, "SELECT token, lease_expires_at, expires_at, updated_at, holder, xmin::text, ctid::text"
+                       " FROM idempotency_records WHERE tenant_id = %s AND key = %s", (tenant, key))
+
+    c = claim(app, 're', 'k1', holder='run-1')
+    before = row('k1')
+    check(c[0] == 'claimed' and before[4] == 'run-1', 'a fresh claim with a holder stores it', (c, before))
+    again = claim(app, 're', 'k1', holder='run-1')
+    check(again == ('claimed', c[1], None, before[1], None, None),
+          're-entry: the same holder gets claimed, the same token, expires_at the record\'s lease end', (c, again))
+    check(row('k1') == before, 're-entry writes nothing (the row version, lease and updated_at unchanged)',
+          (before, row('k1')))
+    r = claim(app, 're', 'k1', holder='run-2')
+    check(r[0] == 'in_progress' and r[1] is None and r[3] == before[1], 'another holder: in_progress, the lease end', r)
+    r = claim(app, 're', 'k1')
+    check(r[0] == 'in_progress' and r[1] is None, 'no holder: in_progress', r)
+    check(row('k1') == before, 'and neither writes', row('k1'))
+    t0 = time.time()
+    r = claim(app, 're', 'k1', wait='2 s', holder='run-1')
+    check(r[0] == 'claimed' and r[1] == c[1] and time.time() - t0 < 1.5,
+          're-entry with a wait answers at once (it does not wait for its own claim)', (r, time.time() - t0))
+    r = claim(app, 're', 'k1', wait='100 ms', holder='run-2')
+    check(r[0] == 'in_progress', 'another holder with a wait: in_progress once the wait is over', r)
+    # a claim stored without a holder is re-entered by no one
+    n = claim(app, 're', 'k-none')
+    check(n[0] == 'claimed' and row('k-none')[4] is None and claim(app, 're', 'k-none', holder='run-1')[0] == 'in_progress'
+          and claim(app, 're', 'k-none')[0] == 'in_progress',
+          'a claim made without a holder: the holder is NULL and no one re-enters it, with a holder or without', row('k-none'))
+
+    # the fingerprint is checked first
+    f = claim(app, 're', 'k-fp', fp='fp-a', holder='run-1')
+    check(claim(app, 're', 'k-fp', fp='fp-b', holder='run-1')[0] == 'mismatch' and
+          claim(app, 're', 'k-fp', fp='fp-a', holder='run-1')[:2] == ('claimed', f[1]) and
+          claim(app, 're', 'k-fp', holder='run-1')[:2] == ('claimed', f[1]),
+          'the same holder with another fingerprint: mismatch; with the same or none: re-entry', f)
+
+    # the recovery point and state, as a takeover hands them on; a heartbeat's lease
+    p = claim(app, 're', 'k-point', holder='run-1')
+    one(app, "SELECT idem_checkpoint('re', 'k-point', %s, 'step-2', '{\"n\": 2}')", (p[1],))
+    hb = one(app, "SELECT idem_heartbeat('re', 'k-point', %s, '10 minutes')", (p[1],))[0]
+    r = claim(app, 're', 'k-point', holder='run-1')
+    check(r == ('claimed', p[1], None, hb, 'step-2', {'n': 2}),
+          're-entry after a checkpoint and a heartbeat: the recovery point, the state and the heartbeat\'s lease end', r)
+
+    # complete (with the token both calls got); the completed record keeps its holder and replays
+    one(app, "SELECT idem_complete('re', 'k1', %s, '{\"ok\": 1}')", (c[1],))
+    r = claim(app, 're', 'k1', holder='run-1')
+    check(r[0] == 'replay' and r[2] == {'ok': 1} and row('k1')[4] == 'run-1',
+          'completed: the same holder gets the replay, and the record keeps its holder', (r, row('k1')))
+
+    # in one transaction: the claim it wrote is re-entered too
+    tx = connect('app', autocommit=False)
+    a = claim(tx, 're', 'k-tx', holder='run-tx')
+    b = claim(tx, 're', 'k-tx', holder='run-tx')
+    o = claim(tx, 're', 'k-tx', holder='run-other')
+    tx.commit()
+    tx.close()
+    check(a[0] == 'claimed' and b[:2] == ('claimed', a[1]) and o[0] == 'in_progress',
+          'in the claiming transaction: the same holder re-enters, another is in_progress', (a, b, o))
+
+    # after the lease: the normal takeover, for the same holder or another
+    for who, then in (('run-1', 'run-1'), ('run-1', 'run-2'), ('run-1', None), (None, 'run-2')):
+        key = 'k-lease-%s-%s' % (who, then)
+        old = claim(app, 're', key, lease='1 ms', holder=who)[1]
+        time.sleep(0.01)
+        new = claim(app, 're', key, holder=then)
+        e = error(app, "SELECT idem_complete('re', %s, %s)", (key, old))
+        check(new[0] == 'claimed' and new[1] > old and row(key)[4] == then and row(key)[0] == new[1] and
+              e is not None and e[0] == 'ID002' and claim(app, 're', key, holder=then)[0] ==
+              ('claimed' if then else 'in_progress'),
+              'lease over, held by %s: %s takes it over with a new token, the holder stored is %s, the old token'
+              ' is fenced (ID002)' % (who or 'no holder', then or 'a claim without a holder', then or 'NULL'),
+              (old, new, row(key), e))
+    # a recovery point handed on by a takeover after the lease, re-entered by the new holder
+    p = claim(app, 're', 'k-resume', lease='1 ms', holder='run-1')
+    one(app, "SELECT idem_checkpoint('re', 'k-resume', %s, 'step-1')", (p[1],))
+    time.sleep(0.01)
+    t = claim(app, 're', 'k-resume', holder='run-2')
+    check(t[0] == 'claimed' and t[1] > p[1] and t[4] == 'step-1' and
+          claim(app, 're', 'k-resume', holder='run-2')[:2] == ('claimed', t[1]) and
+          claim(app, 're', 'k-resume', holder='run-1')[0] == 'in_progress',
+          'a takeover of a resumable claim by another holder: it re-enters, the old holder is in_progress', t)
+
+    # idem_claim_many takes no holder: its claims store none
+    many = rows(app, "SELECT key, outcome FROM idem_claim_many('re', ARRAY['k1', 'k-fp', 'k-many'])")
+    check(many == [('k1', 'replay'), ('k-fp', 'in_progress'), ('k-many', 'claimed')] and row('k-many')[4] is None,
+          'idem_claim_many: a held claim is in_progress to it, and its own claims have no holder', many)
+
+    # idem_lookup shows the holder
+    check(rows(app, "SELECT status, holder FROM idem_lookup('re', 'k-fp')") == [('processing', 'run-1')] and
+          rows(app, "SELECT holder FROM idem_lookup('re', 'k-none')") == [(None,)],
+          'idem_lookup shows the holder (NULL without one)')
+
+    # bad holders: as a key or fingerprint is checked
+    for sql, want, what in (
+            ("SELECT idem_claim('re', 'bad', holder => '')", ('22023', 'holder must not be empty'), 'empty'),
+            ("SELECT idem_claim('re', 'bad', holder => repeat('h', 256))", ('22001', 'holder is too long'),
+             '256 bytes'),
+            ("SELECT idem_claim('re', 'bad', holder => repeat('é', 128))", ('22001', 'holder is too long'),
+             '128 two-byte characters (bytes count)'),
+            ("SELECT idem_claim('re', 'bad', 'fp', holder => '')", ('22023', 'holder must not be empty'),
+             'empty, after a valid fingerprint'),
+            ("SELECT idem_claim('re', '', holder => '')", ('22023', 'key must not be empty'),
+             'empty with an empty key: the key is checked first'),
+            ("SELECT idem_claim('re', 'bad', lease => '0', holder => '')", ('22023', 'lease must be positive'),
+             'empty with a lease of 0: the lease is checked first, as in the C edition')):
+        e = error(app, sql)
+        check(e == want, 'holder %s: %s %s' % (what, want[0], want[1]), e)
+    e = None
+    try:
+        with app.cursor() as cur:
+            cur.execute("SELECT idem_claim('re', 'bad', holder => repeat('h', 256))")
+    except psycopg2.Error as ex:
+        e = ex.diag.message_detail
+    check(e == 'holder has 256 bytes; the limit is 255.', 'its detail names the length and the limit', e)
+    check(claim(app, 're', 'h255', holder='h' * 255)[0] == 'claimed' and row('h255')[4] == 'h' * 255 and
+          one(su, "SELECT count(*) FROM idempotency_records WHERE key = 'bad'")[0] == 0,
+          'a holder of 255 bytes is stored; the refused calls wrote nothing')
+
+    # tenant isolation: re-entry inside the session's tenant only
+    one(owner, "SELECT idem_set_tenant_isolation(true)")
+    iso = connect('app')
+    one(iso, "SET app.tenant = 're-a'")
+    a = claim(iso, 're-a', 'k', holder='run-1')
+    b = claim(iso, 're-a', 'k', holder='run-1')
+    e = error(iso, "SELECT idem_claim('re-b', 'k', holder => 'run-1')")
+    bad = error(iso, "SELECT idem_claim('re-b', 'k', holder => '')")
+    one(iso, "SET app.tenant = 're-b'")
+    o = claim(iso, 're-b', 'k', holder='run-1')
+    check(a[0] == 'claimed' and b[:2] == ('claimed', a[1]) and
+          e == ('42501', 'tenant isolation confines this session to tenant "re-a", not "re-b"') and
+          bad == ('22023', 'holder must not be empty') and o[0] == 'claimed' and o[1] != a[1] and
+          rows(iso, "SELECT tenant_id, holder FROM idempotency_records WHERE key = 'k'") == [('re-b', 'run-1')],
+          'tenant isolation on: re-entry in the session\'s tenant; another tenant refused (42501, an empty holder'
+          ' 22023 first); the same key and holder in another tenant is a claim of its own', (a, b, e, bad, o))
+    iso.close()
+    one(owner, "SELECT idem_set_tenant_isolation(false)")
 
 
 def metrics(su, owner, app, op, nobody, cron_ran):
@@ -181,7 +326,7 @@ def run():
         one(su, 'CREATE ROLE %s LOGIN' % r)
     s = args.schema
     one(owner, 'GRANT USAGE ON SCHEMA %s TO app, idem_operator, nobody' % s)
-    one(owner, 'GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval),'
+    one(owner, 'GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval, text),'
                ' idem_claim_many(text, text[], text[], interval, interval),'
                ' idem_complete(text, text, bigint, jsonb), idem_release(text, text, bigint, jsonb),'
                ' idem_heartbeat(text, text, bigint, interval),'
@@ -207,14 +352,14 @@ def run():
                          " WHERE p.pronamespace = %s::regnamespace AND p.proname LIKE 'idem\\_%%'"
                          " AND p.proname NOT LIKE 'idem\\_sql\\_%%'", (s,)))
     expected = {
-        'idem_claim': 'tenant_id text, key text, fingerprint text DEFAULT NULL::text, lease interval DEFAULT NULL::interval, ttl interval DEFAULT NULL::interval, wait interval DEFAULT NULL::interval -> idem_claim_result',
+        'idem_claim': 'tenant_id text, key text, fingerprint text DEFAULT NULL::text, lease interval DEFAULT NULL::interval, ttl interval DEFAULT NULL::interval, wait interval DEFAULT NULL::interval, holder text DEFAULT NULL::text -> idem_claim_result',
         'idem_claim_many': 'tenant_id text, keys text[], fingerprints text[] DEFAULT NULL::text[], lease interval DEFAULT NULL::interval, ttl interval DEFAULT NULL::interval, OUT key text, OUT outcome text, OUT token bigint, OUT response jsonb, OUT expires_at timestamp with time zone, OUT recovery_point text, OUT state jsonb -> SETOF record',
         'idem_complete': 'tenant_id text, key text, token bigint, response jsonb DEFAULT NULL::jsonb -> void',
         'idem_release': 'tenant_id text, key text, token bigint, failure jsonb DEFAULT NULL::jsonb -> void',
         'idem_heartbeat': 'tenant_id text, key text, token bigint, lease interval DEFAULT NULL::interval -> timestamp with time zone',
         'idem_checkpoint': 'tenant_id text, key text, token bigint, point text, state jsonb DEFAULT NULL::jsonb, lease interval DEFAULT NULL::interval -> void',
         'idem_child_key': 'tenant_id text, key text, step text -> text',
-        'idem_lookup': 'tenant_id text, key text, OUT status text, OUT token bigint, OUT response jsonb, OUT fingerprint text, OUT lease_expires_at timestamp with time zone, OUT expires_at timestamp with time zone, OUT created_at timestamp with time zone, OUT updated_at timestamp with time zone, OUT recovery_point text, OUT state jsonb -> SETOF record',
+        'idem_lookup': 'tenant_id text, key text, OUT status text, OUT token bigint, OUT response jsonb, OUT fingerprint text, OUT lease_expires_at timestamp with time zone, OUT expires_at timestamp with time zone, OUT created_at timestamp with time zone, OUT updated_at timestamp with time zone, OUT recovery_point text, OUT state jsonb, OUT holder text -> SETOF record',
         'idem_forget': 'tenant_id text, key text -> boolean',
         'idem_sweep': 'batch_size integer DEFAULT NULL::integer, OUT expired_removed bigint, OUT stale_released bigint, OUT stale_failed bigint -> record',
         'idem_record_states': 'OUT state text, OUT records bigint, OUT oldest_updated_at timestamp with time zone, OUT next_expires_at timestamp with time zone -> SETOF record',
@@ -243,7 +388,7 @@ def run():
                    ('tenant_id', 'text', True, 'C'), ('key', 'text', True, 'C'),
                    ('status', 'text', True, 'default'), ('fingerprint', 'text', False, 'default'),
                    ('response', 'jsonb', False, ''), ('recovery_point', 'text', False, 'default'),
-                   ('state', 'jsonb', False, '')],
+                   ('state', 'jsonb', False, ''), ('holder', 'text', False, 'C')],
           'idempotency_records has the C edition\'s columns, order, types, collations', cols)
     check(rows(su, "SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
                    " WHERE i.indrelid = %s::regclass ORDER BY 1", (s + '.idempotency_records',)) ==
@@ -456,7 +601,7 @@ def run():
     one(su, 'DROP ROLE IF EXISTS app_c_grants_only')
     one(su, 'CREATE ROLE app_c_grants_only LOGIN')
     one(owner, 'GRANT USAGE ON SCHEMA %s TO app_c_grants_only' % s)
-    one(owner, 'GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval)'
+    one(owner, 'GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval, text)'
                ' TO app_c_grants_only')
     one(owner, 'GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO app_c_grants_only')
     bare = connect('app_c_grants_only')
@@ -471,7 +616,7 @@ def run():
     bare.close()
     one(su, "DELETE FROM idempotency_records WHERE key = 'c-grants-only'")
     one(owner, 'REVOKE ALL ON FUNCTION ' + ', '.join(DEFINER_HELPERS) + ', idem_claim(text, text, text, interval,'
-               ' interval, interval) FROM app_c_grants_only')
+               ' interval, interval, text) FROM app_c_grants_only')
     one(owner, 'REVOKE ALL ON idempotency_records FROM app_c_grants_only')
     one(owner, 'REVOKE ALL ON SCHEMA %s FROM app_c_grants_only' % s)
     one(su, 'DROP ROLE app_c_grants_only')
@@ -569,6 +714,8 @@ def run():
           claim(owner, 'other', 'owner-k')[0] == 'claimed', 'the owner is not confined')
     one(owner, "SELECT idem_set_tenant_isolation(false)")
     one(app, "RESET app.tenant")
+
+    reentry(su, owner, app)
 
     # ---- pg_cron: one call schedules idem_sweep(), one unschedules it; the job sweeps
     have_cron = one(su, "SELECT count(*) FROM pg_extension WHERE extname = 'pg_cron'")[0] == 1

@@ -37,7 +37,8 @@ switched on.  The checks:
     same migration run again fails before its drop and changes nothing;
   from the folder (`path` source: the name NAME), -v the previous version
     and the files in the other order, then ALTER EXTENSION ... UPDATE: the
-    package's own update path keeps every function and record;
+    package's own update path keeps every function (but the three 1.4
+    creates again: idem_claim, idem_lookup, idem_sql_claim_one) and record;
   an update as users meet it: the previous version's package migration
     first (the folder as the registry held it then: that version only),
     completed, failed and in-flight records of two tenants, then the
@@ -45,7 +46,7 @@ switched on.  The checks:
     written it drops the extension and the records with it (checked, so
     that docs/managed.md's warning stays true); with docs/managed.md's edit
     (its drop and create replaced by ALTER EXTENSION ... UPDATE TO) every
-    function, grant and record is kept, the claim in flight completes with
+    function (but those three), grant and record is kept, the claim in flight completes with
     its token, and the objects are a fresh install's;
   Supabase's default privileges in schema public (ALL on the tables,
     functions and sequences --owner makes, to anon and authenticated): with
@@ -80,11 +81,17 @@ ANON = ('dbdev_anon', 'dbdev_authenticated')       # Supabase's anon and authent
 ALLOWED_REQUIRES = {'plpgsql', 'pg_cron'}
 HELPERS = ('idem_sql_fresh_tokens(integer)', 'idem_sql_successor_token(bigint)', 'idem_sql_isolation_setting()',
            'idem_sql_tenant_keylock(text, text)')
-APP_FUNCTIONS = ('idem_claim(text, text, text, interval, interval, interval), '
-                 'idem_claim_many(text, text[], text[], interval, interval), idem_complete(text, text, bigint, jsonb), '
+# idem_claim as the installed version has it (1.4 added holder) comes first
+APP_FUNCTIONS = ('idem_claim_many(text, text[], text[], interval, interval), idem_complete(text, text, bigint, jsonb), '
                  'idem_release(text, text, bigint, jsonb), idem_heartbeat(text, text, bigint, interval), '
                  'idem_checkpoint(text, text, bigint, text, jsonb, interval), idem_child_key(text, text, text), '
                  'idem_lookup(text, text)')
+CLAIM_SIGNATURES = ('idem_claim(text, text, text, interval, interval, interval, text)',
+                    'idem_claim(text, text, text, interval, interval, interval)')
+# the functions the update 1.3 -> 1.4 drops and creates again (new OIDs, the
+# grants given back): idem_claim's new argument, idem_lookup's new column,
+# and the helper that takes the holder
+RECREATED = ('idem_claim', 'idem_lookup', 'idem_sql_claim_one')
 
 
 # --------------------------------------------------------------------------
@@ -316,12 +323,18 @@ def members(conn, name):
 
 
 def function_oids(conn):
+    """{signature: OID} of the schema's functions but those the update
+    creates again (RECREATED)."""
     return dict(rows(conn, "SELECT p.oid::regprocedure::text, p.oid::int FROM pg_proc p"
-                           " WHERE p.pronamespace = %s::regnamespace", (args.schema,)))
+                           " WHERE p.pronamespace = %s::regnamespace AND p.proname <> ALL (%s)",
+                     (args.schema, list(RECREATED))))
 
 
 def records(conn, schema=None):
-    return rows(conn, 'SELECT r::text FROM %s.idempotency_records r ORDER BY tenant_id, key' % (schema or args.schema))
+    """Every record, its column holder (1.4) named only when it is set, so
+    that a record written by 1.3 compares equal after the update."""
+    return rows(conn, "SELECT (to_jsonb(r) - 'holder')::text || COALESCE(' holder=' || (to_jsonb(r) ->> 'holder'), '')"
+                      " FROM %s.idempotency_records r ORDER BY tenant_id, key" % (schema or args.schema))
 
 
 # --------------------------------------------------------------------------
@@ -338,7 +351,8 @@ def grant_app(db, schema=None):
     o = connect(args.owner, db, schema)
     s = schema or args.schema
     run(o, 'GRANT USAGE ON SCHEMA %s TO %s' % (s, APP))
-    run(o, 'GRANT EXECUTE ON FUNCTION %s TO %s' % (APP_FUNCTIONS, APP))
+    sig = next(f for f in CLAIM_SIGNATURES if one(o, 'SELECT to_regprocedure(%s)', (s + '.' + f,))[0])
+    run(o, 'GRANT EXECUTE ON FUNCTION %s, %s TO %s' % (sig, APP_FUNCTIONS, APP))
     run(o, 'GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO %s' % APP)
     have = [h for h in HELPERS if one(o, 'SELECT to_regprocedure(%s)', (s + '.' + h,))[0]]
     run(o, 'GRANT EXECUTE ON FUNCTION %s TO %s' % (', '.join(have), APP))
@@ -519,8 +533,9 @@ def run_checks():
     after = function_oids(o)
     check(e is None and extension(o, name)[0] == pkg.default and all(after.get(f) == i for f, i in oids.items())
           and records(o) == before,
-          "ALTER EXTENSION %s UPDATE through the package's path: %s, every function kept (same OID), the %d"
-          " records unchanged" % (name, pkg.default, len(before)), (e, extension(o, name)))
+          "ALTER EXTENSION %s UPDATE through the package's path: %s, every function kept (same OID) but the"
+          " three it creates again (%s), the %d records unchanged" % (name, pkg.default, ', '.join(RECREATED),
+                                                                     len(before)), (e, extension(o, name)))
     check(snapshot(o) == granted, "the objects are then a fresh install's, grants included",
           [i for i, (x, y) in enumerate(zip(snapshot(o), granted)) if x != y])
     contract(pdb, 'path-%s' % pkg.default)
@@ -587,7 +602,8 @@ def run_checks():
           'with docs/managed.md\'s edit (alter extension "%s" update to \'%s\') the migration updates it'
           % (ext, pkg.default), (n, out, extension(o, ext)))
     check(records(o) == before and all(after.get(f) == i for f, i in oids.items()),
-          'every record and every function (same OID) kept', (len(records(o)), len(before)))
+          'every record and every function (same OID) kept but the three the update creates again',
+          (len(records(o)), len(before)))
     check(snapshot(o) == granted, "the objects are a fresh install's, the grants too: %s got"
           " idem_sql_tenant_keylock" % APP,
           [i for i, (x, y) in enumerate(zip(snapshot(o), granted)) if x != y])

@@ -6,7 +6,8 @@ The C edition in one database (--c-db) and the SQL edition in another
 completes, releases, heartbeats, checkpoints, lookups, forgets, sweeps,
 claim_many, child keys and bad input, with leases and ttls of one
 microsecond (expired at the next call, on both sides alike) or one hour, and
-idempotency.stale_action switched per sequence.  After every call these must
+idempotency.stale_action switched per sequence; claims with a holder of two
+or none (1.4: re-entry, takeovers storing the holder), bad holders.  After every call these must
 be equal: the outcome columns, the SQLSTATE and primary message of an error,
 every record minus its physical columns (timestamps compared only as
 null/not null and lease = expiry; tokens by their rank among the key's
@@ -27,6 +28,7 @@ STEPS = 40
 TENANTS = ['t1', 't2']
 KEYS = ['k1', 'k2', 'k3', 'k4']
 LEASES = ['1 microsecond', '1 hour', None]
+HOLDERS = [None, None, 'h1', 'h2']
 TTLS = ['1 microsecond', '1 hour', None]
 
 
@@ -59,7 +61,7 @@ class Side:
         with self.conn.cursor() as cur:
             cur.execute("SELECT tenant_id, key, status, token, fingerprint, response::text, ttl::text,"
                         " lease_expires_at IS NULL, lease_expires_at = expires_at, recovery_point,"
-                        " state::text FROM idempotency_records ORDER BY tenant_id, key")
+                        " state::text, holder FROM idempotency_records ORDER BY tenant_id, key")
             return cur.fetchall()
 
 
@@ -86,8 +88,8 @@ def make_call(rnd, side, kind, tk, args_):
         token = tok_choice
     if kind == 'claim':
         return ('SELECT outcome, token, response::text, expires_at IS NULL, recovery_point, state::text'
-                ' FROM idem_claim(%s, %s, %s, %s::interval, %s::interval)',
-                (tenant, key, args_['fp'], args_['lease'], args_['ttl']))
+                ' FROM idem_claim(%s, %s, %s, %s::interval, %s::interval, holder => %s)',
+                (tenant, key, args_['fp'], args_['lease'], args_['ttl'], args_['holder']))
     if kind == 'claim_many':
         return ('SELECT key, outcome, token, response::text, expires_at IS NULL, recovery_point, state::text'
                 ' FROM idem_claim_many(%s, %s::text[], %s::text[], %s::interval, %s::interval)',
@@ -103,7 +105,7 @@ def make_call(rnd, side, kind, tk, args_):
                 (tenant, key, token, args_['point'], args_['doc'], args_['lease']))
     if kind == 'lookup':
         return ('SELECT status, token, response::text, fingerprint, lease_expires_at IS NULL,'
-                ' recovery_point, state::text FROM idem_lookup(%s, %s)', (tenant, key))
+                ' recovery_point, state::text, holder FROM idem_lookup(%s, %s)', (tenant, key))
     if kind == 'forget':
         return ('SELECT idem_forget(%s, %s)', (tenant, key))
     if kind == 'sweep':
@@ -151,6 +153,13 @@ BAD = [
     ("SELECT idem_child_key('t', '', 's')", None),
     ("SELECT idem_child_key('t', 'k', repeat('s', 256))", None),
     ("SELECT idem_claim('t', 'k', 5)", None),
+    ("SELECT idem_claim('t', 'k', holder => '')", None),
+    ("SELECT idem_claim('t', 'k', holder => repeat('h', 256))", None),
+    ("SELECT idem_claim('t', 'k', holder => repeat('\u00e9', 128))", None),
+    ("SELECT idem_claim('t', 'k', lease => '0', holder => '')", None),
+    ("SELECT idem_claim('t', '', holder => '')", None),
+    ("SELECT idem_claim('t', 'k', '', holder => '')", None),
+    ("SELECT * FROM idem_claim_many('t', ARRAY['a'], holder => 'h')", None),
 ]
 
 
@@ -164,7 +173,8 @@ def generate(rnd):
          'fp': rnd.choice([None, None, 'fa', 'fb']),
          'lease': rnd.choice(LEASES), 'ttl': rnd.choice(TTLS),
          'doc': rnd.choice([None, None, '{"status": 200}', '[1, {"a": null}]', '"x"', 'null']),
-         'point': rnd.choice(['p1', 'p2', 'charged']), 'batch': rnd.choice([None, 1, 2, 100])}
+         'point': rnd.choice(['p1', 'p2', 'charged']), 'batch': rnd.choice([None, 1, 2, 100]),
+         'holder': rnd.choice(HOLDERS)}
     if kind == 'checkpoint':
         a['lease'] = rnd.choice([None, None, '1 hour', '1 microsecond'])
     if kind == 'claim_many':
@@ -298,7 +308,7 @@ def main():
             failed += 1
             print('FAIL sequence %d (seed %d) step %d: %s %s/%s %r\n     %s' % (
                 seq, a.seed, first_diff[0], first_diff[1], first_diff[2][0], first_diff[2][1],
-                {k: v for k, v in first_diff[3].items() if k in ('tok', 'fp', 'lease', 'ttl', 'doc', 'keys', 'sql')},
+                {k: v for k, v in first_diff[3].items() if k in ('tok', 'fp', 'lease', 'ttl', 'doc', 'keys', 'sql', 'holder')},
                 '\n     '.join(first_diff[4][:3])))
         else:
             passed += 1

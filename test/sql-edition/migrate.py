@@ -91,6 +91,12 @@ def write_records(st, tag):
         ex(app, "SELECT idem_release(%s, %s, %s, '{\"error\": 1}')", (tenant, 'failed-' + tag, st.tokens[(tenant, 'failed-' + tag)]))
         ex(app, "SELECT idem_checkpoint(%s, %s, %s, 'step-1', '{\"n\": 1}')", (tenant, 'point-' + tag, st.tokens[(tenant, 'point-' + tag)]))
         ex(app, "SELECT idem_release(%s, %s, %s)", (tenant, 'gone-' + tag, st.tokens[(tenant, 'gone-' + tag)]))
+        # a claim in flight with a holder (1.4), to be re-entered after the move
+        outcome, tok = one(app, "SELECT outcome, token FROM idem_claim(%s, %s, lease => '10 minutes', holder => 'run-1')",
+                           (tenant, 'run-' + tag))
+        check(outcome == 'claimed', 'before the move (%s): %s/run-%s claimed with a holder' % (tag, tenant, tag), outcome)
+        st.tokens[(tenant, 'run-' + tag)] = tok
+        st.top = max(st.top, tok)
         app.close()
 
 
@@ -235,6 +241,13 @@ def after_move(edition, st, su, before, mark_before, tag):
         check(claim(t1, 't1', key)[0] == 'replay', '%s: its holder heartbeats and completes %s with its token' % (edition, key))
     point = one(t1, "SELECT recovery_point, state FROM idem_lookup('t1', %s)", ('point-' + tag,))
     check(point == ('step-1', {'n': 1}), '%s: the recovery point of point-%s is kept' % (edition, tag), point)
+    run = 'run-' + tag
+    again = one(t1, "SELECT outcome, token FROM idem_claim('t1', %s, holder => 'run-1')", (run,))
+    other = one(t1, "SELECT outcome FROM idem_claim('t1', %s, holder => 'run-2')", (run,))[0]
+    check(again == ('claimed', st.tokens[('t1', run)]) and other == 'in_progress' and
+          one(t1, "SELECT holder FROM idem_lookup('t1', %s)", (run,)) == ('run-1',),
+          '%s: the claim of %s moved with its holder: re-entered by it with its token, in_progress to another'
+          % (edition, run), (again, other))
     outcome, tok = claim(t1, 't1', 'stale-' + tag)
     old = st.tokens[('t1', 'stale-' + tag)]
     check(outcome == 'claimed' and tok == old + 1, '%s: the stale claim is taken over at the old token + 1' % edition,
@@ -292,7 +305,7 @@ def run():
     owner = connect(args.owner)
     s = args.schema
     ex(owner, 'GRANT USAGE ON SCHEMA %s TO %s' % (s, APP))
-    ex(owner, 'GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval),'
+    ex(owner, 'GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval, text),'
               ' idem_claim_many(text, text[], text[], interval, interval),'
               ' idem_complete(text, text, bigint, jsonb), idem_release(text, text, bigint, jsonb),'
               ' idem_heartbeat(text, text, bigint, interval),'

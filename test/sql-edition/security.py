@@ -208,7 +208,7 @@ def tenant_against_tenant(su, owner):
     for r in ('sec_app', 'sec_op', 'sec_nobody'):
         role(su, r)
     one(owner, 'GRANT USAGE ON SCHEMA %s TO sec_app, sec_op, sec_nobody' % s)
-    one(owner, 'GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval),'
+    one(owner, 'GRANT EXECUTE ON FUNCTION idem_claim(text, text, text, interval, interval, interval, text),'
                ' idem_claim_many(text, text[], text[], interval, interval),'
                ' idem_complete(text, text, bigint, jsonb), idem_release(text, text, bigint, jsonb),'
                ' idem_heartbeat(text, text, bigint, interval),'

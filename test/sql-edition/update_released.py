@@ -37,6 +37,8 @@ import sys
 import threading
 import time
 
+import psycopg2
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'upgrade'))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import catalog  # noqa: E402
@@ -46,7 +48,16 @@ from common import check, one, rows  # noqa: E402
 
 args = None
 TENANTS = ('u1', 'u2')
-API = ('idem_claim(text, text, text, interval, interval, interval), idem_claim_many(text, text[], text[], interval, interval),'
+# idem_claim as the version has it (1.4 added holder) comes first
+CLAIM = {'1.3': 'idem_claim(text, text, text, interval, interval, interval)',
+         '1.4': 'idem_claim(text, text, text, interval, interval, interval, text)'}
+# what the update 1.3 -> 1.4 drops and creates again, with the grants given
+# back: {old signature: new signature}; and 1.3's idem_sql_claim_one, dropped
+RECREATED = {'idem_claim(text,text,text,interval,interval,interval)':
+             'idem_claim(text,text,text,interval,interval,interval,text)',
+             'idem_lookup(text,text)': 'idem_lookup(text,text)'}
+DROPPED = ('idem_sql_claim_one(text,text,text,bigint,bigint,bigint,boolean)',)
+API = ('idem_claim_many(text, text[], text[], interval, interval),'
        ' idem_complete(text, text, bigint, jsonb), idem_release(text, text, bigint, jsonb),'
        ' idem_heartbeat(text, text, bigint, interval), idem_checkpoint(text, text, bigint, text, jsonb, interval),'
        ' idem_child_key(text, text, text), idem_lookup(text, text)')
@@ -62,12 +73,15 @@ def ex(conn, sql, params=None):
         cur.execute(sql, params)
 
 
-def grant(owner, with_keylock):
+def grant(owner, with_keylock, version):
     """docs/privileges.md's roles with docs/managed.md's grants; the key lock
-    helper only where the version documents it (--to)."""
+    helper only where the version documents it (--to).  And idem_lookup to
+    rel_mon with the grant option, so that the update's giving back of the
+    grants of the functions it creates again is seen to keep that too."""
     s = args.schema
     ex(owner, 'GRANT USAGE ON SCHEMA %s TO rel_app, rel_op, rel_mon, rel_nobody' % s)
-    ex(owner, 'GRANT EXECUTE ON FUNCTION %s TO rel_app' % API)
+    ex(owner, 'GRANT EXECUTE ON FUNCTION %s, %s TO rel_app' % (CLAIM[version], API))
+    ex(owner, 'GRANT EXECUTE ON FUNCTION idem_lookup(text, text) TO rel_mon WITH GRANT OPTION')
     ex(owner, 'GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_records TO rel_app')
     ex(owner, 'GRANT EXECUTE ON FUNCTION %s TO rel_op' % OPERATOR)
     ex(owner, 'GRANT SELECT, UPDATE, DELETE ON idempotency_records TO rel_op')
@@ -109,7 +123,8 @@ def schema_snapshot(conn):
 
 
 def procs(su):
-    """{oid: (signature, xmin)} of the schema's functions."""
+    """{oid: (signature, xmin)} of the schema's functions (the schema is on
+    the search_path: signatures unqualified)."""
     return {r[0]: (r[1], r[2]) for r in rows(su, "SELECT oid::int, oid::regprocedure::text, xmin::text FROM pg_proc"
                                                  " WHERE pronamespace = %s::regnamespace", (args.schema,))}
 
@@ -160,8 +175,8 @@ def run():
             ex(su, 'CREATE ROLE %s LOGIN %s' % (r, extra))
     owner = connect(args.owner)
     fresh_owner = connect(args.owner, args.fresh_db)
-    grant(owner, False)
-    grant(fresh_owner, True)
+    grant(owner, False, args.from_version)
+    grant(fresh_owner, True, args.to)
     ex(fresh_owner, 'SELECT idem_set_tenant_isolation(true)')
 
     # records in every state for two tenants, written by the confined
@@ -194,7 +209,10 @@ def run():
           (outcome, len(before)))
 
     # the update waits for the claim held open (it changes every key lock's
-    # value when it commits), and a call made meanwhile waits for the update
+    # value when it commits), and a call made meanwhile waits for the update;
+    # from 1.3 that call fails then, as docs/managed.md says: it runs 1.3's
+    # idem_claim, which the update drops (1.4 creates idem_claim again, with
+    # the argument holder), so it cannot return
     result = []
     updater = threading.Thread(target=lambda: result.append(run_update()))
     updater.start()
@@ -203,7 +221,13 @@ def run():
     update_waits = wait_for(su, waiting + "a.application_name = 'idem-update'")
     late = connect('rel_app', tenant='u1')
     answer = []
-    waiter = threading.Thread(target=lambda: answer.append(claim(late, 'u1', 'open')))
+
+    def late_claim():
+        try:
+            answer.append(claim(late, 'u1', 'open'))
+        except psycopg2.Error as e:
+            answer.append((e.pgcode, e.diag.message_primary))
+    waiter = threading.Thread(target=late_claim)
     waiter.start()
     late_waits = wait_for(su, waiting + "l.pid = %d" % late.get_backend_pid())
     ex(holder, "SELECT idem_complete('u1', 'open', %s, '{\"ok\": 3}')", (t_open,))
@@ -218,21 +242,34 @@ def run():
           % (args.route, args.from_version, args.to, os.path.basename(args.update),
              args.owner if args.route == 'plain' else '%s, then ALTER EXTENSION ... UPDATE by %s'
              % (args.admin, args.owner)), (update_waits, out[-3000:]))
-    check(late_waits and answer and answer[0][0] == 'replay',
-          'a claim of that key made meanwhile waits for the update, then replays what the holder completed',
-          (late_waits, answer))
+    dropped = args.from_version == '1.3' and args.to == '1.4'
+    check(late_waits and answer and (answer[0][0] == 'replay' if not dropped else
+                                     answer[0][0] == 'XX000' and answer[0][1].startswith('cache lookup failed for function')
+                                     and claim(connect('rel_app', tenant='u1'), 'u1', 'open')[0] == 'replay'),
+          'a claim of that key made meanwhile waits for the update, then %s' %
+          ('replays what the holder completed' if not dropped else
+           'fails (XX000: the idem_claim it called was dropped by the update); made again, it replays what the holder'
+           ' completed'), (late_waits, answer))
     if args.route == 'pgtle':
         check(one(su, "SELECT extversion FROM pg_extension WHERE extname = 'idempotency_sql'")[0] == args.to,
               'idempotency_sql is at %s' % args.to)
 
     # functions kept in place, objects as a fresh install's
     procs_after = procs(su)
-    kept = [o for o in procs_before if o in procs_after and procs_after[o][0] == procs_before[o][0]]
-    rewritten = [o for o in kept if procs_after[o][1] != procs_before[o][1]]
-    check(len(kept) == len(procs_before) and len(rewritten) == len(kept),
-          'every function of %s kept in place and re-created (%d of %d: same OID, new body)'
-          % (args.from_version, len(rewritten), len(procs_before)),
-          sorted(procs_before[o][0] for o in procs_before if o not in rewritten))
+    gone = set(RECREATED) | set(DROPPED)
+    in_place = {o: p for o, p in procs_before.items() if p[0] not in gone}
+    kept = [o for o in in_place if o in procs_after and procs_after[o][0] == in_place[o][0]]
+    rewritten = [o for o in kept if procs_after[o][1] != in_place[o][1]]
+    check(len(kept) == len(in_place) and len(rewritten) == len(kept) and len(in_place) == len(procs_before) - 3,
+          'every function of %s kept in place and re-created (%d of %d: same OID, new body) but the three 1.4'
+          ' drops (%s)' % (args.from_version, len(rewritten), len(procs_before), ', '.join(sorted(gone))),
+          sorted(in_place[o][0] for o in in_place if o not in rewritten))
+    now = sorted(p[0] for p in procs_after.values())
+    check(not gone & set(now) - set(RECREATED.values()) and
+          all(new in now and not any(o in procs_after for o in procs_before if procs_before[o][0] == old)
+              for old, new in RECREATED.items()),
+          'idem_claim (with holder) and idem_lookup (with its column holder) created again; 1.3\'s idem_claim,'
+          ' idem_lookup and idem_sql_claim_one dropped', now)
     fresh_su = connect('postgres', args.fresh_db)
     diff = catalog.diff(schema_snapshot(su), schema_snapshot(fresh_su), 'updated', 'fresh ' + args.to)
     check(diff == [], 'the schema\'s functions (definitions, flags, settings, grants), tables, columns, indexes,'
@@ -244,8 +281,11 @@ def run():
         check(members == fresh_members, 'the extension\'s members are a fresh %s install\'s' % args.to,
               '\n'.join(catalog.diff({m: {} for m in members}, {m: {} for m in fresh_members})))
     acls_after = dict(rows(su, acl, (s,)))
-    changed = [f for f in acls_before if acls_after.get(f) != acls_before[f]]
-    check(changed == [], 'every grant on a function of %s is kept' % args.from_version, changed)
+    changed = [f for f in acls_before if f not in DROPPED and acls_after.get(RECREATED.get(f, f)) != acls_before[f]]
+    check(changed == [] and all(acls_before[f] for f in RECREATED),
+          'every grant on a function of %s is kept; those of idem_claim and idem_lookup, which 1.4 creates again,'
+          ' given back (%s)' % (args.from_version, '; '.join('%s: %s' % (f, acls_before[f]) for f in RECREATED)),
+          [(f, acls_before[f], acls_after.get(RECREATED.get(f, f))) for f in changed])
     has = {r: one(su, "SELECT has_function_privilege(%s, %s, 'EXECUTE')",
                   (r, '%s.idem_sql_tenant_keylock(text, text)' % s))[0]
            for r in ('rel_app', 'rel_op', 'rel_mon', 'rel_nobody')}
@@ -277,6 +317,20 @@ def run():
               'tenant %s after the update: replays, the claim in flight completed by its holder with its token,'
               ' the recovery point kept, the stale claim taken over and a new key with larger tokens' % t,
               (outcome, t_fresh, top))
+
+    # the holder (1.4): the records of the release have none; the application
+    # role, its grant given back, claims with one and re-enters; idem_lookup,
+    # given back to the operator, shows it
+    a = app['u1']
+    first = one(a, "SELECT outcome, token FROM idem_claim('u1', 'run', holder => 'run-1')")
+    again = one(a, "SELECT outcome, token FROM idem_claim('u1', 'run', holder => 'run-1')")
+    other = one(a, "SELECT outcome, token FROM idem_claim('u1', 'run', holder => 'run-2')")
+    seen = one(connect('rel_op', tenant='u1'), "SELECT holder FROM idem_lookup('u1', 'run')")[0]
+    check(one(owner, "SELECT count(*) FROM idempotency_records WHERE holder IS NOT NULL AND key <> 'run'")[0] == 0 and
+          first[0] == 'claimed' and again == first and other == ('in_progress', None) and seen == 'run-1',
+          'after the update: the records of %s have no holder; the application role re-enters a claim made with'
+          ' one, another holder is in_progress; idem_lookup shows it to the operator'
+          % args.from_version, (first, again, other, seen))
 
     # the key locks are keyed now: the public hash is not a key's lock, and
     # the confined application gets its own tenant's through its new grant
