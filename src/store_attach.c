@@ -333,7 +333,20 @@ store_attach(Oid nsp)
 	if (nsp == cached_schema && OidIsValid(cached_table))
 	{
 		if (!table_distributed)
+		{
 			LockRelationOid(cached_table, AccessShareLock);
+
+			/*
+			 * A lock this transaction already holds takes nothing in, but a
+			 * user's next statement would plan on the catalog as it is now:
+			 * an inheritance child created by another session since the
+			 * last call, say, is read by a new SELECT on the table.  Take
+			 * in what was committed since, so that the cached statements
+			 * are planned again when it touches the table (a quick check of
+			 * a flag when nothing was).
+			 */
+			AcceptInvalidationMessages();
+		}
 		if (table_verified)
 			return;
 	}
