@@ -100,6 +100,12 @@ type RunOptions struct {
 	// seconds"); Wait makes a duplicate wait that long for the running
 	// delivery and return its result.
 	Intervals
+	// Holder says who claims (extension 1.4): a durable execution's ARN, a
+	// workflow run id.  While a claim this holder committed is in progress
+	// with a live lease, the same holder claims it again (fn runs, with the
+	// record's token); any other holder, or none, gets ErrInProgress.
+	// Empty: no holder is sent (the call works with 1.3 servers).
+	Holder string
 	// TenantSetting and BeforeClaim as in Config.
 	TenantSetting string
 	BeforeClaim   func(ctx context.Context, tx *sql.Tx, tenant string) error
@@ -147,11 +153,10 @@ func Run(ctx context.Context, db *sql.DB, tenant, key string, fn func(tx *sql.Tx
 		}
 		var token sql.NullInt64
 		spanCtx, span := startCall(ctx, o.Tracer, "idem_claim")
-		err := tx.QueryRowContext(spanCtx,
-			`SELECT outcome, token, response::text, `+retryAfter+`
-			   FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
-			tenant, key, nullable(o.Fingerprint), nullable(o.Lease), nullable(o.TTL), nullable(o.Wait),
-		).Scan(&outcome, &token, &response, &retry)
+		claim, args := claimCall(o.Holder, tenant, key, nullable(o.Fingerprint), nullable(o.Lease),
+			nullable(o.TTL), nullable(o.Wait))
+		err := tx.QueryRowContext(spanCtx, `SELECT outcome, token, response::text, `+retryAfter+` FROM `+claim,
+			args...).Scan(&outcome, &token, &response, &retry)
 		endCall(span, outcome, err)
 		if err != nil || outcome != "claimed" {
 			return tenantSettingError(err, o.TenantSetting, "RunOptions.TenantSetting")

@@ -125,6 +125,11 @@ type Config struct {
 	// Wait is how long a duplicate waits for the original's answer, which it
 	// replays if it comes within the wait; else 409.  Empty: 409 at once.
 	Wait string
+	// Holder, when set, says who claims a request (extension 1.4): a claim
+	// this holder committed and still holds (a live lease) is claimed again
+	// by the same holder; any other holder or none gets 409.  An empty
+	// answer, or a nil Holder, sends no holder (the call works with 1.3).
+	Holder func(r *http.Request) string
 	// PerRequest, when set, gives one request's intervals; those it leaves
 	// empty are the Config's.
 	PerRequest func(r *http.Request) Intervals
@@ -294,11 +299,14 @@ func serve(cfg Config, next http.Handler, w http.ResponseWriter, r *http.Request
 	var response, answer sql.NullString
 	var retry int
 	spanCtx, span := startCall(ctx, cfg.Tracer, "idem_claim")
+	holder := ""
+	if cfg.Holder != nil {
+		holder = cfg.Holder(r)
+	}
+	call, args := claimCall(holder, tenant, key, Fingerprint(r.Method, r.URL.RequestURI(), body),
+		nullable(intervals.Lease), nullable(intervals.TTL), nullable(intervals.Wait))
 	err = tx.QueryRowContext(spanCtx,
-		`SELECT outcome, token, response::text, `+bodyText("response")+`, `+retryAfter+`
-		   FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
-		tenant, key, Fingerprint(r.Method, r.URL.RequestURI(), body), nullable(intervals.Lease), nullable(intervals.TTL),
-		nullable(intervals.Wait),
+		`SELECT outcome, token, response::text, `+bodyText("response")+`, `+retryAfter+` FROM `+call, args...,
 	).Scan(&outcome, &token, &response, &answer, &retry)
 	endCall(span, outcome, err)
 	if err == nil && outcome != "claimed" {
@@ -359,6 +367,17 @@ func serve(cfg Config, next http.Handler, w http.ResponseWriter, r *http.Request
 		return
 	}
 	sendStored(w, response.String, answer.String, false, cfg.ResponseHook)
+}
+
+// claimCall is the idem_claim call of a claim, $1..$6 the tenant, key,
+// fingerprint, lease, ttl and wait, and its arguments: holder => $7 only when
+// holder is set (extension 1.4), so that a call without one is 1.3's.
+func claimCall(holder string, args ...any) (string, []any) {
+	call := `idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval`
+	if holder == "" {
+		return call + `)`, args
+	}
+	return call + `, holder => $7::text)`, append(args, holder)
 }
 
 // override is i with the non-empty intervals of call.

@@ -327,3 +327,87 @@ func TestRun(t *testing.T) {
 		t.Errorf("OptionalKey: an empty key runs fn without a claim: %v %d", err, runs)
 	}
 }
+
+// claimHeld claims k as this run's tenant for holder, with a 10-minute lease
+// and fingerprint (NULL when empty), and commits: an execution suspended
+// mid-way, its claim live.  It returns the token.
+func claimHeld(t *testing.T, k, fingerprint, holder string) int64 {
+	t.Helper()
+	tx := asTenant(t)
+	var token int64
+	err := tx.QueryRow(`SELECT token FROM idem_claim($1, $2, $3, lease => '10 minutes', holder => $4)`,
+		tenant, k, sql.NullString{String: fingerprint, Valid: fingerprint != ""}, holder).Scan(&token)
+	if err == nil {
+		err = tx.Commit()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return token
+}
+
+// RunOptions.Holder (extension 1.4): the same holder re-enters its committed
+// claim with the record's token; another holder and none get ErrInProgress;
+// no holder is 1.3's call, storing none.
+func TestRunHolder(t *testing.T) {
+	needDB(t)
+	ctx := context.Background()
+	token := claimHeld(t, "h-run", "", "exec-1")
+	var seen []string
+	step := func(tx *sql.Tx) (json.RawMessage, error) {
+		var tok int64
+		var holder sql.NullString
+		if err := tx.QueryRow(`SELECT token, holder FROM idem_lookup($1, 'h-run')`, tenant).Scan(&tok, &holder); err != nil {
+			return nil, err
+		}
+		seen = append(seen, fmt.Sprintf("%d %s", tok, holder.String))
+		return json.RawMessage(`{"done": true}`), nil
+	}
+	for _, holder := range []string{"exec-2", ""} {
+		_, _, err := idempotency.Run(ctx, appDB, tenant, "h-run", step, idempotency.RunOptions{Holder: holder, TenantSetting: tenantSetting})
+		if !errors.Is(err, idempotency.ErrInProgress) {
+			t.Errorf("holder %q: %v, want ErrInProgress", holder, err)
+		}
+	}
+	out, replayed, err := idempotency.Run(ctx, appDB, tenant, "h-run", step, idempotency.RunOptions{Holder: "exec-1", TenantSetting: tenantSetting})
+	if err != nil || replayed || string(out) != `{"done": true}` || len(seen) != 1 || seen[0] != fmt.Sprintf("%d exec-1", token) {
+		t.Fatalf("the same holder: %s %v %v, seen %v (token %d)", out, replayed, err, seen, token)
+	}
+	if status, tok, _ := record(t, "h-run"); status != "completed" || tok != token {
+		t.Errorf("record after re-entry: %s %d, want completed %d", status, tok, token)
+	}
+	if _, replayed, err := idempotency.Run(ctx, appDB, tenant, "h-run", step,
+		idempotency.RunOptions{Holder: "exec-2", TenantSetting: tenantSetting}); err != nil || !replayed {
+		t.Errorf("another holder after completion: replayed %v, %v", replayed, err)
+	}
+	var holder sql.NullString
+	if _, _, err := idempotency.Run(ctx, appDB, tenant, "h-run-none", step,
+		idempotency.RunOptions{TenantSetting: tenantSetting}); err != nil {
+		t.Fatal(err)
+	} else if err := db.QueryRow(`SELECT holder FROM idem_lookup($1, 'h-run-none')`, tenant).Scan(&holder); err != nil || holder.Valid {
+		t.Errorf("no holder: stored %v, %v", holder, err)
+	}
+}
+
+// Config.Holder: the middleware passes the request's holder the same way.
+func TestMiddlewareHolder(t *testing.T) {
+	needDB(t)
+	s := optionsServer(t, idempotency.Config{Holder: func(r *http.Request) string { return r.Header.Get("X-Execution") }})
+	body := `{"n": 1}`
+	token := claimHeld(t, "h-mw", idempotency.Fingerprint(http.MethodPost, "/things", []byte(body)), "exec-1")
+	for _, holder := range []string{"exec-2", ""} {
+		if r := post(t, s, key("h-mw"), body, "X-Shop", tenant, "X-Status", "201", "X-Execution", holder); r.status != 409 {
+			t.Errorf("holder %q: %d %s, want 409", holder, r.status, r.body)
+		}
+	}
+	r := post(t, s, key("h-mw"), body, "X-Shop", tenant, "X-Status", "201", "X-Execution", "exec-1")
+	if r.status != 201 || r.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("the same holder: %d %v %s", r.status, r.header, r.body)
+	}
+	if status, tok, _ := record(t, "h-mw"); status != "completed" || tok != token {
+		t.Errorf("record after re-entry: %s %d, want completed %d", status, tok, token)
+	}
+	if r := post(t, s, key("h-mw"), body, "X-Shop", tenant, "X-Status", "201", "X-Execution", "exec-2"); r.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("another holder after completion: %d %v", r.status, r.header)
+	}
+}

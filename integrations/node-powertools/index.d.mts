@@ -2,6 +2,7 @@
 import type { Pool, PoolClient } from 'pg';
 import { BasePersistenceLayer, IdempotencyRecord } from '@aws-lambda-powertools/idempotency/persistence';
 import type { JSONValue } from '@aws-lambda-powertools/commons/types';
+import type { Context } from 'aws-lambda';
 
 /** An interval the server takes ('30 seconds', '15 minutes'), or a positive number of seconds. */
 export type Interval = string | number;
@@ -17,6 +18,11 @@ export interface PostgresPersistenceLayerOptions {
   /** How long a claim stays in progress if its invocation never settles it. Default: the Lambda's
    *  remaining time when Powertools has the context, else the server's idempotency.lease (5 minutes). */
   lease?: Interval | null;
+  /** Who claims (extension 1.4): for a durable execution its id, the same on each of its replays. A claim
+   *  this holder committed and still holds (a live lease) is claimed again by the same holder, with its
+   *  token; any other holder or none is in progress. Default null: no holder is sent. */
+  holder?: ((event: JSONValue, lambdaContext?: Context) => string | null | undefined
+    | Promise<string | null | undefined>) | null;
 }
 
 /** 'fenced': the invocation's claim no longer holds the key (sqlstate ID001, ID002, ID003), nothing changed;

@@ -42,6 +42,9 @@ export interface MiddlewareOptions {
   ttl?: PerCall<any>;
   /** How long a duplicate waits for the original's answer, replayed if it comes; default: 409 at once. */
   wait?: PerCall<any>;
+  /** Who claims (extension 1.4): a claim this holder committed and still holds (live lease) is
+   *  claimed again by the same holder; any other holder or none gets 409. Default: not sent. */
+  holder?: PerCall<any>;
   /** true (default): a request without an Idempotency-Key header is answered 400; false lets it through. */
   raiseOnMissingKey?: boolean;
   /** @deprecated the older spelling of raiseOnMissingKey: false. */
@@ -82,6 +85,10 @@ export interface IdempotentOptionsBase<M> {
   lease?: PerCall<M>;
   /** How long to wait for a delivery in progress elsewhere; default: do not wait. */
   wait?: PerCall<M>;
+  /** Who claims (extension 1.4): a durable execution's ARN, a workflow run id. A claim this holder
+   *  committed and still holds (live lease) is claimed again by the same holder (fn runs with the
+   *  record's token); any other holder or none gets 'in_progress'. Default: not sent. */
+  holder?: PerCall<M>;
   /** true (default): a message without a key throws 'invalid_key'; false runs fn without a claim. */
   raiseOnMissingKey?: boolean;
   /** With tenant isolation on: the setting its policy reads ('app.tenant'), set to the tenant

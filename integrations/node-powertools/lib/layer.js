@@ -9,7 +9,7 @@
  * record.  Here:
  *
  *   _putRecord     BEGIN; set_config(tenantSetting); idem_claim(tenant, key,
- *                  fingerprint, lease, ttl); COMMIT: a committed claim with a
+ *                  fingerprint, lease, ttl[, holder]); COMMIT: a committed claim with a
  *                  lease (Powertools' in-progress expiry) and a fencing token.
  *                  Then BEGIN on the same connection: the transaction the
  *                  function may write through (persistenceStore.client).
@@ -33,6 +33,15 @@
  * the call (synchronously, in the function makeIdempotent returns, before
  * anything else runs), so each invocation's later calls, and the function it
  * runs, find their own claim and no other.
+ *
+ * Durable execution (extension 1.4): with the holder option, every claim
+ * carries the holder it returns for the invocation (the durable execution's
+ * id), so a replay of the same execution, while the claim it made before
+ * suspending is in progress with a live lease, gets `claimed` again with the
+ * same token: it runs with its own client and completes the record once.
+ * Any other execution is still in progress to Powertools.  Powertools hands
+ * the store neither the durable context nor its mode, so the holder is the
+ * application's to name (docs/powertools.md, "Durable functions").
  *
  * The class is made by define() from the Powertools module it extends:
  * index.js passes the CommonJS build, index.mjs the ES module build, so an
@@ -101,6 +110,7 @@ function define({
     #tenant;
     #tenantSetting;
     #lease;
+    #holder;
     #invocations = new AsyncLocalStorage();
 
     /**
@@ -117,8 +127,13 @@ function define({
      *                  ('15 minutes' or seconds); default: the Lambda's remaining time when
      *                  Powertools has the context (its in-progress expiry), else the server's
      *                  idempotency.lease (5 minutes)
+     *   holder         (event, lambdaContext) => string | null (may be async): who claims, for a
+     *                  durable execution its id, stable across its replays (extension 1.4). A claim
+     *                  this holder committed and still holds (a live lease) is claimed again by the
+     *                  same holder, with its token; any other holder or none is in progress.
+     *                  Default null: no holder is sent (1.3 servers too)
      */
-    constructor({ pool, tenant, tenantSetting = null, lease = null } = {}) {
+    constructor({ pool, tenant, tenantSetting = null, lease = null, holder = null } = {}) {
       super();
       if (!pool || typeof pool.connect !== 'function') {
         throw new TypeError('PostgresPersistenceLayer needs pool: a pg.Pool.');
@@ -132,6 +147,11 @@ function define({
       this.#tenant = tenant;
       this.#tenantSetting = tenantSetting;
       this.#lease = intervalText(lease, 'lease');
+      if (holder !== null && typeof holder !== 'function') {
+        throw new TypeError('The holder option must be a function (event, lambdaContext) => string | null: the'
+          + ' durable execution\'s id, the same on each of its replays.');
+      }
+      this.#holder = holder;
     }
 
     /** Powertools calls this for every invocation, synchronously, before any other call of the
@@ -143,7 +163,10 @@ function define({
           + ' one tenant (a layer per tenant), or leave the local cache off.');
       }
       super.configure(options);
-      this.#invocations.enterWith({ tenant: null, key: null, token: null, client: null });
+      this.#invocations.enterWith({
+        tenant: null, key: null, token: null, client: null, holder: null,
+        lambdaContext: options?.config?.lambdaContext ?? null,   // this call's (Powertools registers it first)
+      });
     }
 
     /** The connection of this invocation's claim, in the transaction the function's writes commit in
@@ -172,6 +195,7 @@ function define({
 
     async saveInProgress(data, remainingTimeInMillis) {
       this.#tenantFor(data);
+      await this.#holderFor(data);
       return super.saveInProgress(data, remainingTimeInMillis);
     }
 
@@ -194,11 +218,14 @@ function define({
         await client.query('BEGIN');
         try {
           await this.#setTenant(client, tenant);
+          // holder => only with a holder (1.4): without one the call is 1.3's
+          const { holder } = invocation;
           ({ rows: [claim] } = await client.query(
             `SELECT outcome, token, response, expires_at
-               FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval)`,
+               FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval${
+  holder === null ? '' : ', holder => $6::text'})`,
             [tenant, key, record.payloadHash || null, this.#leaseFor(record),
-              `${this.getExpiresAfterSeconds()} seconds`]));
+              `${this.getExpiresAfterSeconds()} seconds`, ...(holder === null ? [] : [holder])]));
           if (claim.outcome === 'mismatch') {
             // the stored record, for Powertools' IdempotencyValidationError (its existingRecord)
             ({ rows: [stored] } = await client.query(
@@ -230,6 +257,7 @@ function define({
 
     async _updateRecord(record) {
       const claim = this.#settling(record);
+      if (!claim) return;   // Powertools' replay mode ran the function without a claim: not ours to store
       let broken;
       try {
         await claim.client.query(
@@ -247,6 +275,7 @@ function define({
 
     async _deleteRecord(record) {
       const claim = this.#settling(record);
+      if (!claim) return;   // Powertools' replay mode ran the function without a claim: not ours to release
       // the function's writes go first, with its transaction
       const broken = await rollback(claim.client);
       claim.client.release(broken);
@@ -321,9 +350,12 @@ function define({
       return invocation;
     }
 
-    /** The invocation's claim for _updateRecord / _deleteRecord: the record's key, with its connection. */
+    /** The invocation's claim for _updateRecord / _deleteRecord: the record's key, with its connection;
+     *  null when the invocation never held one (Powertools' durable replay mode runs the function when
+     *  the claim answers that the record exists: completed, or another execution's). */
     #settling(record) {
       const invocation = this.#invocation();
+      if (invocation && invocation.key === null && !invocation.client) return null;
       if (!invocation?.client || invocation.key !== record.idempotencyKey) {
         throw this.#outsideInvocation('the record of this key');
       }
@@ -339,6 +371,19 @@ function define({
     #tenantFor(data) {
       const invocation = this.#invocation();
       if (invocation && typeof this.#tenant === 'function') invocation.tenant = checkTenant(this.#tenant(data));
+    }
+
+    /** The invocation's holder, from the holder option (null without one). */
+    async #holderFor(data) {
+      const invocation = this.#invocation();
+      if (!invocation || !this.#holder) return;
+      const holder = await this.#holder(data, invocation.lambdaContext ?? undefined);
+      if (holder !== null && holder !== undefined && (typeof holder !== 'string' || holder === ''
+          || Buffer.byteLength(holder, 'utf8') > MAX_IDENTIFIER_BYTES)) {
+        throw new TypeError(`The holder function must return text of 1 to ${MAX_IDENTIFIER_BYTES} UTF-8 bytes or`
+          + ` null, not ${JSON.stringify(holder)}.`);
+      }
+      invocation.holder = holder ?? null;
     }
 
     #fixedTenant() {

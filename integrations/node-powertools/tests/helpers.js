@@ -92,6 +92,17 @@ const lambdaContext = (remainingMs) => ({
 
 const sleep = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
 
+/** Waits until the record of tenant is committed as processing (read through admin); returns it. */
+async function committedClaimOf(admin, tenant) {
+  for (let i = 0; i < 200; i += 1) {
+    const [found] = await records(admin, tenant);
+    if (found?.status === 'processing') return found;
+    await sleep(25);
+  }
+  throw new Error(`no committed claim for ${tenant}`);
+}
+
 module.exports = {
   RUN, APP_USER, TENANT_SETTING, skipReason, pools, orders, record, records, gate, lambdaContext, sleep,
+  committedClaimOf,
 };

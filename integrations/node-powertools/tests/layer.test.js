@@ -11,7 +11,7 @@ const {
 } = require('@aws-lambda-powertools/idempotency');
 const { PostgresPersistenceLayer, PostgresIdempotencyError } = require('idempotency-pg-powertools');
 const {
-  RUN, TENANT_SETTING, skipReason, pools, orders, record, records, gate, lambdaContext, sleep,
+  RUN, TENANT_SETTING, skipReason, pools, orders, record, records, gate, lambdaContext, sleep, committedClaimOf,
 } = require('./helpers');
 
 const db = pools();
@@ -38,14 +38,7 @@ function ordersHandler(layer, { config = new IdempotencyConfig({ eventKeyJmesPat
 }
 
 /** Waits until the record of tenant is committed as processing; returns it. */
-async function committedClaim(tenant) {
-  for (let i = 0; i < 200; i += 1) {
-    const [found] = await records(db.admin, tenant);
-    if (found?.status === 'processing') return found;
-    await sleep(25);
-  }
-  throw new Error(`no committed claim for ${tenant}`);
-}
+const committedClaim = (tenant) => committedClaimOf(db.admin, tenant);
 
 const fencedCause = (error) => error instanceof IdempotencyPersistenceLayerError
   && error.cause instanceof PostgresIdempotencyError && error.cause.code === 'fenced'

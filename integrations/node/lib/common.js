@@ -43,6 +43,21 @@ function defaultStoreStatus(status) {
 
 /** An interval option: null, interval text ('5 minutes'), or a function of the request or
  *  message returning one (per call). Returns a function of the request or message. */
+/** The holder option (extension 1.4): null (none: holder => is not sent, so 1.3 servers still
+ *  answer), a non-empty string, or a function of the message/request returning one or null. */
+function holderOption(value) {
+  const checked = (holder) => {
+    if (holder === null || holder === undefined) return null;
+    if (typeof holder !== 'string' || holder === '') {
+      throw new TypeError('The holder option must be a non-empty string, null, or a function returning one.');
+    }
+    return holder;
+  };
+  if (typeof value === 'function') return async (arg) => checked(await value(arg));
+  const fixed = checked(value);
+  return () => fixed;
+}
+
 function perCall(value, name) {
   if (typeof value === 'function') return value;
   if (value === null || value === undefined) return () => null;
@@ -170,6 +185,6 @@ const sha256 = (...parts) => {
 
 module.exports = {
   MAX_IDENTIFIER_BYTES, SET_TENANT_SQL, TITLES, DEFAULT_REPLAYED_HEADERS, Refused, IdempotencyError, parseIdentifier,
-  checkTenantSetting, tenantSettingError, canonicalJson, sha256, retryAfterSql, defaultStoreStatus, perCall,
+  checkTenantSetting, tenantSettingError, canonicalJson, sha256, retryAfterSql, defaultStoreStatus, perCall, holderOption,
   RETRY_AFTER_MIN, RETRY_AFTER_MAX,
 };

@@ -21,6 +21,7 @@
  */
 const {
   MAX_IDENTIFIER_BYTES, SET_TENANT_SQL, IdempotencyError, checkTenantSetting, tenantSettingError, perCall, retryAfterSql,
+  holderOption,
 } = require('./common');
 const { valueGetter, payloadFingerprint, jmesPath } = require('./paths');
 const { traced } = require('./telemetry');
@@ -66,6 +67,11 @@ function identifier(value, what) {
  *   ttl, lease, wait   intervals for idem_claim ('1 day', '30 seconds', '2 seconds'), or
  *                      (message) => interval (per call); default the server's settings
  *                      (wait: answer in_progress at once)
+ *   holder             who claims (extension 1.4): a string naming the execution (a durable
+ *                      execution's ARN, a workflow run id) or (message) => string|null. While
+ *                      a claim this holder committed is in progress with a live lease, the same
+ *                      holder claims it again (fn runs, with the record's token); any other
+ *                      holder, or none, gets 'in_progress'. Default null: not sent (1.3 servers)
  *   raiseOnMissingKey  true (default): a message without a key (undefined or null) throws
  *                      IdempotencyError 'invalid_key'; false runs fn without a claim, in a
  *                      transaction of its own, storing nothing
@@ -77,7 +83,7 @@ function identifier(value, what) {
  */
 function idempotent(fn, {
   key = null, tenant, payloadValidation = null, fingerprintFields = null, ttl = null, lease = null, wait = null,
-  tenantSetting = null, raiseOnMissingKey = true, responseHook = null, eventKeyJmesPath = null,
+  holder = null, tenantSetting = null, raiseOnMissingKey = true, responseHook = null, eventKeyJmesPath = null,
   payloadValidationJmesPath = null,
 } = {}) {
   if (typeof fn !== 'function') throw new TypeError('idempotent() needs the function to wrap.');
@@ -109,6 +115,7 @@ function idempotent(fn, {
   }
   const setting = checkTenantSetting(tenantSetting);
   const intervals = [perCall(lease, 'lease'), perCall(ttl, 'ttl'), perCall(wait, 'wait')];
+  const holderOf = holderOption(holder);
   const answer = (result, replayed) => (responseHook ? responseHook(result, replayed) : result);
 
   return async function idempotentCall(db, message, ...rest) {
@@ -121,6 +128,8 @@ function idempotent(fn, {
     const tenantValue = identifier(tenantOf(message), 'tenant');
     const fingerprint = fingerprintOf ? fingerprintOf(message) : null;
     const [callLease, callTtl, callWait] = intervals.map((f) => f(message) ?? null);
+    const callHolder = await holderOf(message);
+    const holderArg = callHolder === null ? '' : ', holder => $7::text';   // 1.4; unset: 1.3's call
 
     const { client, giveBack } = await borrow(db);
     let broken;
@@ -131,8 +140,9 @@ function idempotent(fn, {
         if (setting) await client.query(SET_TENANT_SQL, [setting, tenantValue]);
         const { rows: [claim] } = await traced('idem_claim', client, () => client.query(
           `SELECT outcome, token, response, ${retryAfterSql('$6')} AS retry_after
-             FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
-          [tenantValue, keyValue, fingerprint, callLease, callTtl, callWait]), (result) => result.rows[0].outcome)
+             FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval${holderArg})`,
+          [tenantValue, keyValue, fingerprint, callLease, callTtl, callWait,
+            ...(callHolder === null ? [] : [callHolder])]), (result) => result.rows[0].outcome)
           .catch((e) => { throw tenantSettingError(e, setting, 'idempotent()', "message's"); });
         outcome = claim;
         if (claim.outcome === 'claimed') {

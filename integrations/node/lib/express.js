@@ -35,7 +35,7 @@
  */
 const {
   SET_TENANT_SQL, TITLES, DEFAULT_REPLAYED_HEADERS, Refused, parseIdentifier, checkTenantSetting, tenantSettingError,
-  canonicalJson, sha256, retryAfterSql, defaultStoreStatus, perCall,
+  canonicalJson, sha256, retryAfterSql, defaultStoreStatus, perCall, holderOption,
 } = require('./common');
 const { traced } = require('./telemetry');
 
@@ -122,7 +122,7 @@ function sendStored(res, doc, body, replayed, hook) {
 }
 
 /**
- * idempotency({ pool, tenant, lease, ttl, wait, raiseOnMissingKey, tenantSetting, storeStatus,
+ * idempotency({ pool, tenant, lease, ttl, wait, holder, raiseOnMissingKey, tenantSetting, storeStatus,
  *               replayedHeaders, responseHook }) -> middleware
  *   pool:        a pg.Pool
  *   tenant:      a header name (default 'X-Client-Id'), or (req) => tenant id, may be
@@ -131,6 +131,10 @@ function sendStored(res, doc, body, replayed, hook) {
  *                default the server's.
  *   wait:        how long a duplicate waits for the original's answer (same forms); an
  *                answer within the wait is replayed, else 409. Default: answer 409 at once.
+ *   holder:      who claims (extension 1.4): a string, or (req) => string|null, may be async.
+ *                A claim this holder committed and still holds (a live lease) is claimed
+ *                again by the same holder; any other holder or none gets 409. Default null:
+ *                holder => is not sent (1.3 servers).
  *   raiseOnMissingKey: true (default): a request without an Idempotency-Key header is
  *                answered 400; false lets it through untouched (no claim, no transaction,
  *                req.idempotency unset). optionalKey: true is the older spelling of false.
@@ -148,7 +152,7 @@ function sendStored(res, doc, body, replayed, hook) {
  *                Default null: nothing is set.
  * Put it after the body parser (express.json()) so the fingerprint sees the body.
  */
-function idempotency({ pool, tenant = 'X-Client-Id', lease = null, ttl = null, wait = null,
+function idempotency({ pool, tenant = 'X-Client-Id', lease = null, ttl = null, wait = null, holder = null,
   raiseOnMissingKey = true, optionalKey, tenantSetting = null, storeStatus = defaultStoreStatus,
   replayedHeaders = DEFAULT_REPLAYED_HEADERS, responseHook = null } = {}) {
   if (!pool || typeof pool.connect !== 'function') {
@@ -171,11 +175,12 @@ function idempotency({ pool, tenant = 'X-Client-Id', lease = null, ttl = null, w
   const replayed = new Set(replayedHeaders.map((h) => h.toLowerCase()));
   const keyOptional = optionalKey === undefined ? !raiseOnMissingKey : Boolean(optionalKey);
   const intervals = [perCall(lease, 'lease'), perCall(ttl, 'ttl'), perCall(wait, 'wait')];
+  const holderOf = holderOption(holder);
   const setting = checkTenantSetting(tenantSetting);
   return async function idempotencyMiddleware(req, res, next) {
     const keyHeaders = req.headersDistinct['idempotency-key'];
     if (keyOptional && (!keyHeaders || keyHeaders.length === 0)) return next();
-    let tenantId, key, callLease, callTtl, callWait;
+    let tenantId, key, callLease, callTtl, callWait, callHolder;
     try {
       key = parseIdempotencyKey(keyHeaders);
       try {
@@ -183,7 +188,7 @@ function idempotency({ pool, tenant = 'X-Client-Id', lease = null, ttl = null, w
       } catch (e) {
         throw refusedAs(TITLES.tenantInvalid, e);
       }
-      [callLease, callTtl, callWait] = await Promise.all(intervals.map((f) => f(req)));
+      [callLease, callTtl, callWait, callHolder] = await Promise.all([...intervals, holderOf].map((f) => f(req)));
     } catch (e) {
       return e instanceof Refused ? problem(res, 400, e.title, e.detail) : next(e);
     }
@@ -200,8 +205,10 @@ function idempotency({ pool, tenant = 'X-Client-Id', lease = null, ttl = null, w
       if (setting) await db.query(SET_TENANT_SQL, [setting, tenantId]);
       ({ rows: [claim] } = await traced('idem_claim', db, () => db.query(
         `SELECT outcome, token, response, ${bodyText('response')} AS body, ${retryAfterSql('$6')} AS retry_after
-           FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval)`,
-        [tenantId, key, requestFingerprint(req), callLease ?? null, callTtl ?? null, callWait ?? null]),
+           FROM idem_claim($1, $2, $3, lease => $4::interval, ttl => $5::interval, wait => $6::interval${
+          callHolder === null ? '' : ', holder => $7::text'})`,   // 1.4; unset: 1.3's call
+        [tenantId, key, requestFingerprint(req), callLease ?? null, callTtl ?? null, callWait ?? null,
+          ...(callHolder === null ? [] : [callHolder])]),
       (result) => result.rows[0].outcome));
       if (claim.outcome !== 'claimed') await db.query('COMMIT');
     } catch (e) {

@@ -141,3 +141,36 @@ test('a result of undefined is stored as null; numbers and arrays round-trip', {
   assert.deepEqual(await list(pool, { id: 'l-1' }), [1, 'two', { three: 3 }]);
   assert.deepEqual((await record(MISC, 'l-1')).response, [1, 'two', { three: 3 }]);
 });
+
+test('holder (extension 1.4): the same holder re-enters its committed claim with its token; others are in_progress', { skip: skipReason }, async () => {
+  const tenant = `durable-${RUN}`;
+  // execution exec-1 claimed and committed, then was suspended mid-way: its claim is live
+  const first = await asTenant(pool, tenant);
+  const { rows: [{ token }] } = await first.query(
+    "SELECT token::text AS token FROM idem_claim($1, 'h-1', lease => '10 minutes', holder => 'exec-1')", [tenant]);
+  await first.query('COMMIT');
+  first.release();
+  const seen = [];
+  const step = idempotent(async (db, message) => {
+    const { rows: [row] } = await db.query('SELECT token::text AS token, holder FROM idem_lookup($1, $2)',
+      [tenant, message.id]);
+    seen.push(row);
+    return { by: message.execution ?? null };
+  }, { key: 'id', tenant, holder: (message) => message.execution ?? null });
+  for (const execution of ['exec-2', undefined]) {
+    await assert.rejects(step(pool, { id: 'h-1', execution }),
+      (e) => e instanceof IdempotencyError && e.code === 'in_progress', `holder ${execution}`);
+  }
+  assert.equal(seen.length, 0);
+  assert.deepEqual(await step(pool, { id: 'h-1', execution: 'exec-1' }), { by: 'exec-1' });
+  assert.deepEqual(seen, [{ token, holder: 'exec-1' }]);
+  assert.equal((await record(tenant, 'h-1')).status, 'completed');
+  assert.deepEqual(await step(pool, { id: 'h-1', execution: 'exec-2' }), { by: 'exec-1' });   // a replay
+  // no holder: the call is 1.3's (holder => not sent), nothing stored
+  assert.deepEqual(await step(pool, { id: 'h-2' }), { by: null });
+  assert.deepEqual(seen.at(-1), { token: (await record(tenant, 'h-2')).token, holder: null });
+  // a fixed holder; '' is refused when wrapping
+  const fixed = idempotent(async () => 'fixed', { key: 'id', tenant, holder: 'exec-3' });
+  assert.equal(await fixed(pool, { id: 'h-3' }), 'fixed');
+  assert.throws(() => idempotent(async () => null, { key: 'id', tenant, holder: '' }), TypeError);
+});

@@ -183,3 +183,37 @@ test('the token reaches the route as a string, exact above 2^53', { skip: skipRe
   const rec = await record(SHOP, 'e-once');
   assert.ok(seenTokens.includes(rec.token), 'the stored token is one the route saw, digit for digit');
 });
+
+test('holder (extension 1.4): the same holder re-enters its committed claim with its token; others get 409', { skip: skipReason }, async () => {
+  const { requestFingerprint } = require('../lib/express');   // eslint-disable-line global-require
+  const held = await listen(app({ holder: (req) => req.get('X-Execution') ?? null }));
+  try {
+    // execution exec-1 claimed this request and committed, then was suspended mid-way
+    const fingerprint = requestFingerprint({ method: 'POST', originalUrl: '/things', body: { n: 1 } });
+    const db = await pool.connect();
+    await db.query('BEGIN');
+    if (TENANT_SETTING) await db.query('SELECT set_config($1, $2, true)', [TENANT_SETTING, SHOP]);
+    const { rows: [{ token }] } = await db.query(
+      "SELECT token::text AS token FROM idem_claim($1, 'e-held', $2, lease => '10 minutes', holder => 'exec-1')",
+      [SHOP, fingerprint]);
+    await db.query('COMMIT');
+    db.release();
+    for (const headers of [{ 'X-Execution': 'exec-2' }, {}]) {
+      const busy = await post(held, 'e-held', { n: 1 }, headers);
+      assert.equal(busy.status, 409, JSON.stringify(headers));
+    }
+    assert.equal(executions.get('e-held'), undefined);
+    const mine = await post(held, 'e-held', { n: 1 }, { 'X-Execution': 'exec-1' });
+    assert.equal(mine.status, 201);
+    assert.equal(mine.headers['idempotent-replayed'], undefined);
+    assert.equal(seenTokens.at(-1), token);
+    assert.equal(executions.get('e-held'), 1);
+    const rec = await record(SHOP, 'e-held');
+    assert.equal(rec.status, 'completed');
+    assert.equal(rec.token, token);
+    const replay = await post(held, 'e-held', { n: 1 }, { 'X-Execution': 'exec-2' });
+    assert.equal(replay.headers['idempotent-replayed'], 'true');
+  } finally {
+    await held.close();
+  }
+});

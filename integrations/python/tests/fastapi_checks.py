@@ -89,6 +89,59 @@ def run(check, admin_dsn, app_dsn, tenant_setting=None):
         admin.execute(SCHEMA)
         asyncio.run(check_optional_key(check, admin, app_dsn, tenant_setting))
         asyncio.run(check_options(check, admin, app_dsn, tenant_setting))
+        asyncio.run(check_holder(check, admin, app_dsn, tenant_setting))
+
+
+async def check_holder(check, admin, app_dsn, tenant_setting):
+    """holder= (extension 1.4): Idempotency.run with the holder of a committed, live claim re-enters it
+    (the handler runs with the record's token), another holder or none gets 409; the decorator passes
+    the request's holder (stored with the record)."""
+    pool = AsyncConnectionPool(app_dsn, min_size=1, max_size=2, kwargs={"autocommit": True}, open=False)
+    await pool.open(wait=True)
+    try:
+        idem = Idempotency(pool, tenant="X-Client-Id", tenant_setting=tenant_setting,
+                           holder=lambda request: request.headers.get("x-execution"))
+        async with pool.connection() as conn:
+            async with conn.transaction():
+                if tenant_setting:
+                    await conn.execute("SELECT set_config(%s, 'shop-h', true)", (tenant_setting,))
+                cur = await conn.execute("SELECT token FROM idem_claim('shop-h', 'held-1', lease => '10 minutes',"
+                                         " holder => 'exec-1')")
+                (token,) = await cur.fetchone()
+        tokens = []
+
+        async def handler(conn, claim):
+            tokens.append(claim.token)
+            return {"by": "exec-1"}
+
+        busy = [(await idem.run("shop-h", "held-1", None, handler, 201, holder=h)).status_code
+                for h in ("exec-2", None)]
+        busy.append((await idem.run("shop-h", "held-1", None, handler, 201)).status_code)
+        mine = await idem.run("shop-h", "held-1", None, handler, 201, holder="exec-1")
+        status = admin.execute("SELECT status FROM idempotency_records WHERE tenant_id = 'shop-h'"
+                               " AND key = 'held-1'").fetchone()
+        check(busy == [409, 409, 409] and mine.status_code == 201 and tokens == [token] and status == ("completed",),
+              "fastapi holder=: the same holder re-enters its committed claim (the handler runs once, with the"
+              " record's token); another holder, none, or the Idempotency's (a function: none in run()) get 409",
+              f"{busy} {mine.status_code} {tokens} {token} {status}")
+
+        app = FastAPI()
+
+        @app.post("/payments")
+        @idem(status_code=201)
+        async def pay(payment: Payment, claim: Claim):
+            return {"amount": payment.amount}
+
+        headers = (("Idempotency-Key", "held-2"), ("X-Client-Id", "shop-h"), ("X-Execution", "exec-9"))
+        s1, _, _ = await post(app, {"amount": 5}, headers)
+        s2, _, _ = await post(app, {"amount": 5}, (("Idempotency-Key", "held-3"), ("X-Client-Id", "shop-h")))
+        stored = admin.execute("SELECT key, holder FROM idempotency_records WHERE tenant_id = 'shop-h'"
+                               " AND key IN ('held-2', 'held-3') ORDER BY key").fetchall()
+        check(s1 == 201 and s2 == 201 and stored == [("held-2", "exec-9"), ("held-3", None)],
+              "fastapi holder=: the decorator claims with the request's holder, and without one when it gives None",
+              f"{s1} {s2} {stored}")
+    finally:
+        await pool.close()
 
 
 async def check_optional_key(check, admin, app_dsn, tenant_setting):

@@ -156,6 +156,7 @@ def run(check, admin_dsn, app_dsn, tenant_setting=None):
         check_paths_tenants_results(check, admin, app)
         check_failures(check, admin, app)
         check_in_progress(check, admin, app, app_dsn)
+        check_holder(check, admin, app, app_dsn)
         check_caller_transaction(check, admin, app)
         check_results_and_options(check, admin, app)
         check_jmespath(check, admin, app)
@@ -399,6 +400,54 @@ def check_in_progress(check, admin, app, app_dsn):
               "consumer: with wait, a duplicate waits for the holder and returns its stored result", f"{result}")
     finally:
         holder.close()
+
+
+def check_holder(check, admin, app, app_dsn):
+    """holder= (extension 1.4): a claim committed by execution "exec-1" and left in progress (a
+    durable execution suspended mid-way) is claimed again by the same holder, with its token;
+    another holder and no holder get IdempotencyInProgressError."""
+    @idempotent_function(key="id", tenant="durable", holder=lambda event: event.get("execution"),
+                         tenant_setting=setting)
+    def step(conn, event):
+        ran("step")
+        return {"by": event.get("execution")}
+
+    first = psycopg.connect(app_dsn)
+    try:
+        as_tenant(first, "durable")
+        (token,) = first.execute("SELECT token FROM idem_claim('durable', 'h-1', lease => '10 minutes',"
+                                 " holder => 'exec-1')").fetchone()
+        first.commit()                          # claimed and committed, then suspended
+    finally:
+        first.close()
+    for execution, what in (("exec-2", "another holder"), (None, "no holder")):
+        e = raises(IdempotencyInProgressError, lambda: step(app, {"id": "h-1", "execution": execution}))
+        check(isinstance(e, IdempotencyInProgressError) and "step" not in calls,
+              f"consumer, holder=: {what} gets IdempotencyInProgressError while exec-1's claim is live", repr(e))
+    seen = []
+    real_step = step.__wrapped__
+
+    @idempotent_function(key="id", tenant="durable", holder="exec-1", tenant_setting=setting)
+    def reentered(conn, event):
+        seen.append(conn.execute("SELECT token, holder FROM idem_lookup('durable', 'h-1')").fetchone())
+        return real_step(conn, event)
+
+    result = reentered(app, {"id": "h-1", "execution": "exec-1"})
+    row = record(admin, "durable", "h-1")
+    check(result == {"by": "exec-1"} and calls.get("step") == 1 and seen == [(token, "exec-1")]
+          and row[0] == "completed",
+          "consumer, holder=: the same holder re-enters its committed claim (claimed, the same token), the"
+          " function runs once and completes the record", f"{result} {seen} token {token} {row}")
+    result = step(app, {"id": "h-1", "execution": "exec-2"})
+    check(result == {"by": "exec-1"} and calls.get("step") == 1,
+          "consumer, holder=: after completion any holder gets the stored result (replay)", f"{result}")
+    result = step(app, {"id": "h-2"})
+    check(result == {"by": None} and calls.get("step") == 2
+          and admin.execute("SELECT holder FROM idem_lookup('durable', 'h-2')").fetchone() == (None,),
+          "consumer, holder=: a call without a holder claims as before (holder => not sent, none stored)",
+          f"{result}")
+    e = raises(TypeError, lambda: idempotent_function(key="id", tenant="t", holder="")(lambda conn, event: None))
+    check(isinstance(e, TypeError), "consumer, holder='' is refused when decorating (TypeError)", repr(e))
 
 
 def check_caller_transaction(check, admin, app):

@@ -33,10 +33,11 @@ func deadLetter(m message)                     {}
 var amount int64
 
 // a message from the broker: its id, its JSON body and fields read from it
+// (ExecutionID: the durable execution that sent it, for the Holder example)
 type message struct {
-	ID, OrderID, AmountHash string
-	Amount                  int64
-	Body                    []byte
+	ID, OrderID, AmountHash, ExecutionID string
+	Amount                               int64
+	Body                                 []byte
 }
 
 var msg message

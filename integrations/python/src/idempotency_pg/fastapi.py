@@ -55,7 +55,7 @@ from psycopg.types.json import Jsonb
 from .core import (DEFAULT_REPLAYED_HEADERS, RETRY_AFTER_SQL, SET_TENANT_SQL, TITLE_IN_PROGRESS, TITLE_KEY_INVALID,
                    TITLE_KEY_REQUIRED, TITLE_MISMATCH, TITLE_TENANT_INVALID, IdempotencyKeyError, check_identifier,
                    check_tenant_setting, default_store_status, interval_text, sha256_hex)
-from .function import naming_tenant_setting
+from .function import _holder, naming_tenant_setting
 
 __all__ = ["DEFAULT_REPLAYED_HEADERS", "Claim", "Idempotency", "default_store_status", "fingerprint",
            "parse_idempotency_key", "problem"]
@@ -164,6 +164,9 @@ def as_response(result: Any, status_code: int) -> Response:
                     media_type="application/json")
 
 
+_DEFAULT = object()      # run()'s holder not given: the Idempotency's
+
+
 def _per_call(value, what):
     """An interval option: None, interval text ('5 minutes'), seconds, a
     timedelta, or a function of the Request returning one of those (per call)."""
@@ -188,6 +191,11 @@ class Idempotency:
     wait:         how long a duplicate waits for the original's answer
                   (same forms; default None: answer 409 at once).  An answer
                   that comes within the wait is replayed; else 409.
+    holder:       who claims (extension 1.4): a string or a function of the
+                  Request returning one (or None).  A claim this holder
+                  committed and still holds (a live lease) is claimed again
+                  by the same holder; any other holder or none gets 409.
+                  None (default): no holder is sent (1.3 servers too).
     raise_on_missing_key: True (default): a request without an Idempotency-Key
                   header is refused with 400.  False: it runs the endpoint
                   untouched (no claim, nothing stored, no replay), still in
@@ -211,7 +219,7 @@ class Idempotency:
     """
 
     def __init__(self, pool, *, tenant: Union[str, Callable] = "X-Client-Id",
-                 lease=None, ttl=None, wait=None, raise_on_missing_key: bool = True,
+                 lease=None, ttl=None, wait=None, holder=None, raise_on_missing_key: bool = True,
                  key_required: Optional[bool] = None, tenant_setting: Optional[str] = None,
                  store_status: Callable[[int], bool] = default_store_status,
                  replayed_headers=DEFAULT_REPLAYED_HEADERS, response_hook: Optional[Callable] = None):
@@ -222,6 +230,8 @@ class Idempotency:
         self.intervals = (_per_call(lease, "lease"), _per_call(ttl, "ttl"), _per_call(wait, "wait"))
         self.static_intervals = tuple(None if callable(v) else interval_text(v, n)
                                       for v, n in ((lease, "lease"), (ttl, "ttl"), (wait, "wait")))
+        self.holder = _holder(holder)
+        self.static_holder = None if callable(holder) else self.holder(None)
         self.key_required = raise_on_missing_key if key_required is None else key_required
         self.tenant_setting = check_tenant_setting(tenant_setting)
         if not callable(store_status):
@@ -292,7 +302,8 @@ class Idempotency:
             fp = fingerprint(request, await request.body())
             return await self.run(tenant, key, fp, handler, status_code,
                                   intervals=tuple(interval_text(f(request), n) for f, n in
-                                                  zip(self.intervals, ("lease", "ttl", "wait"))))
+                                                  zip(self.intervals, ("lease", "ttl", "wait"))),
+                                  holder=self.holder(request))
 
         endpoint.__signature__ = signature.replace(parameters=visible)
         del endpoint.__wrapped__          # FastAPI must see the signature above, not func's
@@ -308,18 +319,20 @@ class Idempotency:
                 " returning the authenticated principal.")
 
     async def run(self, tenant: str, key: str, fp: Optional[str], handler: Callable,
-                  status_code: int = 200, intervals=None) -> Response:
+                  status_code: int = 200, intervals=None, holder=_DEFAULT) -> Response:
         """One idempotent execution: claim, handler(conn, claim), store, all in
         one transaction.  Usable without the decorator (e.g. from a plain
         Starlette endpoint).  intervals: (lease, ttl, wait) as interval text,
-        default the Idempotency's (functions of the request are not called here)."""
+        default the Idempotency's (functions of the request are not called here); holder
+        likewise (None: no holder)."""
         lease, ttl, wait = intervals or self.static_intervals
-        response, replayed = await self._run(tenant, key, fp, handler, status_code, lease, ttl, wait)
+        holder = self.static_holder if holder is _DEFAULT else _holder(holder)(None)
+        response, replayed = await self._run(tenant, key, fp, handler, status_code, lease, ttl, wait, holder)
         if self.response_hook is not None and replayed is not None:
             response = self.response_hook(response, replayed) or response
         return response
 
-    async def _run(self, tenant, key, fp, handler, status_code, lease, ttl, wait):
+    async def _run(self, tenant, key, fp, handler, status_code, lease, ttl, wait, holder=None):
         """(the answer, whether it is a replay: None for a 409, a 422 or an answer not stored)."""
         answer = None
         async with self._pool().connection() as conn:
@@ -331,8 +344,10 @@ class Idempotency:
                     await cur.execute(
                         f"SELECT outcome, token, response, {BODY_TEXT.format('response')}, {RETRY_AFTER_SQL}"
                         " FROM idem_claim(%s, %s, %s,"
-                        " lease => %s::interval, ttl => %s::interval, wait => %s::interval)",
-                        (wait, tenant, key, fp, lease, ttl, wait))
+                        " lease => %s::interval, ttl => %s::interval, wait => %s::interval"
+                        # holder => only when given (extension 1.4): without it the call is 1.3's
+                        + ("" if holder is None else ", holder => %s::text") + ")",
+                        (wait, tenant, key, fp, lease, ttl, wait, *(() if holder is None else (holder,))))
                 outcome, token, stored, body, retry_after = await cur.fetchone()
                 if outcome in ("replay", "failed"):
                     return render(stored, body, replayed=True), True

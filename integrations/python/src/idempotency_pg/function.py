@@ -42,6 +42,8 @@ __all__ = ["IdempotencyTenantSettingError", "idempotent_function"]
 # the first parameter is the call's wait, for retry_after (as the HTTP integration's 409 says it)
 CLAIM_SQL = (f"SELECT outcome, token, response, expires_at, {RETRY_AFTER_SQL} FROM idem_claim(%s, %s, %s,"
              " lease => %s::interval, ttl => %s::interval, wait => %s::interval)")
+# with a holder (extension 1.4): named only when given, so a 1.3 server still takes the claim without
+CLAIM_HOLDER_SQL = CLAIM_SQL[:-1] + ", holder => %s::text)"
 # store the result and read back what was stored: the first call returns what every replay returns
 COMPLETE_SQL = "SELECT d.r FROM (SELECT %s::jsonb) AS d(r), idem_complete(%s, %s, %s, response => d.r)"
 CONNECTIONS = (psycopg.Connection, psycopg.AsyncConnection)
@@ -95,6 +97,20 @@ def _per_call(value, what):
     return lambda event: text
 
 
+def _holder(value):
+    """holder: None, a non-empty string, or a function of the event returning one (or None)."""
+    def checked(holder):
+        if holder is None:
+            return None
+        if not isinstance(holder, str) or holder == "":
+            raise TypeError(f"holder must be a non-empty string or None, not {holder!r}.")
+        return holder
+    if callable(value):
+        return lambda event: checked(value(event))
+    fixed = checked(value)
+    return lambda event: fixed
+
+
 def _serializer(spec) -> Optional[Callable[[Any], Any]]:
     """output_serializer: None (the JSON as stored), a pydantic model class, a
     dataclass, or a function of the stored JSON."""
@@ -130,7 +146,7 @@ def idempotent_function(func: Optional[Callable] = None, *,
                         key: Union[None, str, Callable[[Any], Any]] = None,
                         tenant: Union[str, Callable[[Any], Any]] = _REQUIRED,
                         payload_validation: Union[None, str, Iterable[str], Callable[[Any], Any]] = None,
-                        ttl=None, lease=None, wait=None,
+                        ttl=None, lease=None, wait=None, holder=None,
                         event_argument: Optional[str] = None,
                         connection_argument: Optional[str] = None,
                         raise_on_missing_key: bool = True,
@@ -165,6 +181,14 @@ def idempotent_function(func: Optional[Callable] = None, *,
                         None takes the server's defaults.  wait > 0 makes a
                         duplicate wait that long for the original to finish
                         and return its result instead of raising in_progress.
+    holder              who is claiming (extension 1.4): a string naming the
+                        execution (a durable execution's ARN, a workflow run
+                        id) or a function of the event returning one.  While
+                        a claim this holder committed is in progress with a
+                        live lease, the same holder claims it again (the
+                        function runs, with the record's token); any other
+                        holder, or none, gets IdempotencyInProgressError.
+                        None (default): no holder is sent (1.3 servers too).
     event_argument      the name of the parameter holding the event (default:
                         the first parameter that is not the connection).
     connection_argument the name of the connection parameter (default: the
@@ -207,13 +231,18 @@ def idempotent_function(func: Optional[Callable] = None, *,
         raise TypeError("idempotent_function needs tenant=: a string naming the consumer (its group, its queue)"
                         " or a function of the event.")
     options = dict(key=key, payload_validation=payload_validation, tenant=tenant, ttl=ttl, lease=lease, wait=wait,
-                   event_argument=event_argument, connection_argument=connection_argument,
+                   holder=holder, event_argument=event_argument, connection_argument=connection_argument,
                    raise_on_missing_key=raise_on_missing_key if key_required is None else key_required,
                    encoder=encoder, output_serializer=output_serializer, response_hook=response_hook,
                    tenant_setting=tenant_setting)
     if func is None:
         return lambda f: _decorate(f, options)
     return _decorate(func, options)
+
+
+def claim_sql(claim_args):
+    """idem_claim with holder => only when the call has a holder (its 7th argument)."""
+    return CLAIM_HOLDER_SQL if len(claim_args) > 6 else CLAIM_SQL
 
 
 def _decorate(func, options):
@@ -231,7 +260,7 @@ def _decorate(func, options):
                 if settings.tenant_setting:
                     await cur.execute(SET_TENANT_SQL, (settings.tenant_setting, claim_args[0]))
                 with naming_tenant_setting(settings.tenant_setting, "idempotent_function(...)", "event's"):
-                    await cur.execute(CLAIM_SQL, (claim_args[5], *claim_args))
+                    await cur.execute(claim_sql(claim_args), (claim_args[5], *claim_args))
                 outcome, token, stored, *expiry = await cur.fetchone()
                 if outcome == "claimed":
                     result = await func(*args, **kwargs)
@@ -252,7 +281,7 @@ def _decorate(func, options):
             if settings.tenant_setting:
                 cur.execute(SET_TENANT_SQL, (settings.tenant_setting, claim_args[0]))
             with naming_tenant_setting(settings.tenant_setting, "idempotent_function(...)", "event's"):
-                cur.execute(CLAIM_SQL, (claim_args[5], *claim_args))
+                cur.execute(claim_sql(claim_args), (claim_args[5], *claim_args))
             outcome, token, stored, *expiry = cur.fetchone()
             if outcome == "claimed":
                 result = func(*args, **kwargs)
@@ -265,7 +294,7 @@ def _decorate(func, options):
 class _Settings:
     """The decorator's configuration, checked once when the function is decorated."""
 
-    def __init__(self, func, key, payload_validation, tenant, ttl, lease, wait, event_argument,
+    def __init__(self, func, key, payload_validation, tenant, ttl, lease, wait, holder, event_argument,
                  connection_argument, raise_on_missing_key, encoder, output_serializer, response_hook,
                  tenant_setting):
         self.signature = inspect.signature(func)
@@ -280,6 +309,7 @@ class _Settings:
         self.fingerprint = payload_fingerprint(payload_validation, self.encoder)
         self.tenant = tenant if callable(tenant) else (lambda event, t=check_identifier(tenant, "tenant"): t)
         self.intervals = (_per_call(lease, "lease"), _per_call(ttl, "ttl"), _per_call(wait, "wait"))
+        self.holder = _holder(holder)
         self.key_required = raise_on_missing_key
         self.serializer = _serializer(output_serializer)
         if response_hook is not None and not callable(response_hook):
@@ -316,7 +346,9 @@ class _Settings:
         key = check_identifier(key, "idempotency key")
         tenant = check_identifier(self.tenant(event), "tenant")
         fingerprint = self.fingerprint(event) if self.fingerprint else None
-        return conn, (tenant, key, fingerprint, *(f(event) for f in self.intervals))
+        holder = self.holder(event)
+        return conn, (tenant, key, fingerprint, *(f(event) for f in self.intervals),
+                      *(() if holder is None else (holder,)))
 
     def document(self, result) -> Jsonb:
         """What idem_complete stores: the result itself (None as JSON null), the
