@@ -30,6 +30,7 @@
 #include "utils/wait_event.h"
 
 #include "claim.h"
+#include "claim_sweep.h"
 #include "direct_read.h"
 #include "guc.h"
 #include "held.h"
@@ -386,6 +387,7 @@ claim_write_fresh(ClaimState *st)
 						   st->now, lease_end, st->args->ttl_us))
 		return CLAIM_CONFLICT;
 	answer_claimed(st->res, token, lease_end);
+	st->res->fresh = true;
 	return CLAIM_DONE;
 }
 
@@ -679,6 +681,9 @@ idem_claim(PG_FUNCTION_ARGS)
 	idem_store_begin(fcinfo);
 	check_holder_column(&args);
 	idem_claim_one(&k, &args, &res);
+	/* one test of an integer when off (idem_claim_many never sweeps) */
+	if (idem_claim_sweep > 0 && res.fresh)
+		idem_claim_sweep_neighbours(&k, idem_claim_sweep);
 	idem_stats_count_claim(&res);
 
 	/*

@@ -28,6 +28,7 @@ bool		idem_track_stats = true;
 bool		idem_defer_writes = true;
 bool		idem_direct_reads = true;
 int			idem_durability_check = IDEM_DURABILITY_WARNING;
+int			idem_claim_sweep = 0;
 
 /*
  * A sweep interval is 0 (off) or at least 100 ms: a smaller one would start
@@ -137,6 +138,21 @@ idem_define_settings(void)
 							 IDEM_DURABILITY_WARNING, durability_check_options,
 							 PGC_SUSET, 0,
 							 NULL, NULL, NULL);
+
+	/*
+	 * USERSET: the removal runs as the calling role, with its privileges
+	 * and under its row-level security (claim_sweep.c), so a session may
+	 * choose it for itself, as it may call idem_sweep()'s DELETE on the
+	 * rows it can reach.  Bounded so that one claim's extra work stays
+	 * small.
+	 */
+	DefineCustomIntVariable("idempotency.claim_sweep",
+							"Records after its key that a fresh idem_claim examines, removing those expired; 0 turns this off.",
+							"For databases without a scheduler for idem_sweep(): the claim's tenant only, as the calling role.",
+							&idem_claim_sweep,
+							0, 0, 1000,
+							PGC_USERSET, 0,
+							NULL, NULL, NULL);
 
 	/* a switch so the benchmark can measure what the counters cost */
 	DefineCustomBoolVariable("idempotency.track_stats",

@@ -31,6 +31,7 @@ extern bool idem_track_stats;
 extern bool idem_defer_writes;
 extern bool idem_direct_reads;
 extern int	idem_durability_check;
+extern int	idem_claim_sweep;
 
 extern void idem_define_settings(void);
 extern void idem_reload_config_if_asked(void);

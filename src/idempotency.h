@@ -149,6 +149,7 @@ typedef struct IdemClaimResult
 	text	   *recovery_point; /* claimed after a holder's checkpoint, else NULL */
 	Datum		state;			/* its state, 0: none */
 	bool		took_over;		/* claimed a stale claim (for statistics) */
+	bool		fresh;			/* claimed a key that had no record */
 	bool		reentered;		/* claimed again by its holder: nothing written */
 	bool		stale_failed;	/* turned a stale claim into failed */
 } IdemClaimResult;

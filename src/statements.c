@@ -66,6 +66,14 @@
 	" AS u(key, token, fingerprint)"
 
 /*
+ * What a sweep at $3 removes of a neighbour (claim_sweep.c): an expired
+ * record, but not a stale claim when $4 (stale_action = 'fail': the sweep
+ * fails those, the claim leaves them to it).
+ */
+#define SWEEPABLE_AT_3 \
+	" expires_at OPERATOR(pg_catalog.<=) $3 AND NOT ($4 AND" STALE_CLAIM ") "
+
+/*
  * The entries (IdemStatement, statements.h).  ARGS and RESULT count what
  * they are given, so a statement is added or changed in this one place.
  */
@@ -325,6 +333,36 @@ const IdemStatement idem_statements[NUM_QUERIES] = {
 		" expires_at =" EXPIRY(1) ", updated_at = $1"
 		" WHERE expires_at OPERATOR(pg_catalog.<=) $1 AND" STALE_CLAIM,
 		ARGS(TIMESTAMPTZOID, JSONBOID),
+	},
+	/*
+	 * A fresh claim's neighbours (claim_sweep.c): the next $5 records of
+	 * tenant $1 after key $2, in key order through the primary key, and of
+	 * those the ones a sweep at $3 would delete.  The window is taken
+	 * first, so at most $5 rows are read however few of them expired.
+	 */
+	[Q_CLAIM_SWEEP_LOOK] = {
+		.text =
+		"SELECT ctid, xmin FROM (SELECT ctid, xmin, status, expires_at,"
+		" @POINT@ AS recovery_point FROM %1$s WHERE tenant_id" EQ "$1"
+		" AND key OPERATOR(pg_catalog.>) $2 ORDER BY key LIMIT $5) AS n"
+		" WHERE" SWEEPABLE_AT_3,
+		ARGS(TEXTOID, TEXTOID, TIMESTAMPTZOID, BOOLOID, INT4OID),
+		RESULT(TIDOID, XIDOID),
+	},
+
+	/*
+	 * ... and those of them ($1) still so, on their newest version, locked
+	 * with SKIP LOCKED (a claim never waits for them), deleted.  Returns
+	 * whether each was a stale claim.
+	 */
+	[Q_CLAIM_SWEEP_DELETE] = {
+		.text =
+		"DELETE FROM %1$s WHERE ctid" EQ "ANY (ARRAY("
+		" SELECT ctid FROM %1$s WHERE ctid" EQ "ANY ($1) AND tenant_id" EQ "$2"
+		" AND" SWEEPABLE_AT_3 "FOR UPDATE SKIP LOCKED))"
+		" RETURNING" STALE_CLAIM,
+		ARGS(TIDARRAYOID, TEXTOID, TIMESTAMPTZOID, BOOLOID),
+		RESULT(BOOLOID),
 	},
 };
 
