@@ -25,8 +25,9 @@ CREATE FUNCTION claim_sweep_left(tenant text) RETURNS text LANGUAGE sql AS $$
   SELECT string_agg(key, ' ' ORDER BY key) FROM idempotency_records WHERE tenant_id = tenant
 $$;
 
--- off by default: a fresh claim removes nothing
-SHOW idempotency.claim_sweep;
+-- off by default: a fresh claim removes nothing (unset in the SQL
+-- edition, whose settings are placeholders)
+SELECT coalesce(current_setting('idempotency.claim_sweep', true), '0') AS claim_sweep;
 SELECT claim_sweep_fixture();
 SELECT outcome FROM idem_claim('a', 'k1');
 SELECT claim_sweep_left('a') AS a, claim_sweep_left('b') AS b;

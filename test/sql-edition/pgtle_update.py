@@ -112,7 +112,7 @@ def run():
     added = rows(su, "SELECT proname::text, pronargs::int FROM pg_proc WHERE pronamespace = %s::regnamespace"
                      " AND oid::int <> ALL (%s) ORDER BY 1", (args.schema, list(procs_before)))
     check(added == [('idem_claim', 7), ('idem_lookup', 2), ('idem_metrics', 0), ('idem_metrics_tenants', 1),
-                    ('idem_sql_claim_one', 8), ('idem_sql_metrics_window', 1), ('idem_sql_tenant_keylock', 2)],
+                    ('idem_sql_claim_one', 9), ('idem_sql_metrics_window', 1), ('idem_sql_tenant_keylock', 2)],
           'and added the monitoring functions of 1.3 and the key lock helper of 1.4, and created idem_claim with its'
           ' argument holder, idem_lookup with its column holder and the helper that takes it (1.4)', added)
     check(one(su, "SELECT has_function_privilege('upd_app', %s, 'EXECUTE')",

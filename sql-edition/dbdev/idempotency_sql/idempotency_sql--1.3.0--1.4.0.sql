@@ -545,7 +545,8 @@ $fn$;
 
 CREATE OR REPLACE FUNCTION @extschema@.idem_sql_claim_one(p_tenant text, p_key text, p_fingerprint text,
                                                lease_us bigint, ttl_us bigint, wait_us bigint,
-                                               absent boolean DEFAULT false, p_holder text DEFAULT NULL)
+                                               absent boolean DEFAULT false, p_holder text DEFAULT NULL,
+                                               p_sweep boolean DEFAULT false)
 RETURNS @extschema@.idem_claim_result
 LANGUAGE plpgsql VOLATILE
 AS $fn$
@@ -563,6 +564,9 @@ DECLARE
     lease_end timestamptz;
     fp_differs boolean;
     new_life  boolean;
+    sweep_n   bigint;
+    stale_fail boolean;
+    tbl       regclass;
 BEGIN
     deadline := now_ + @extschema@.idem_sql_interval(wait_us);
     LOOP
@@ -671,6 +675,49 @@ BEGIN
             ON CONFLICT (tenant_id, key) DO NOTHING;
             IF FOUND THEN
                 res := ROW('claimed', tok, NULL, lease_end, NULL, NULL);
+                -- Sweeping without a scheduler (idempotency.claim_sweep,
+                -- claim_sweep.c): the next sweep_n records of the tenant
+                -- after the key, through the primary key, and of those the
+                -- ones idem_sweep() would delete (a stale claim stays with
+                -- stale_action = 'fail'), none this transaction wrote,
+                -- deleted as the caller, locked with SKIP LOCKED.  Unset,
+                -- one current_setting() more.
+                IF p_sweep AND current_setting('idempotency.claim_sweep', true) IS NOT NULL THEN
+                    sweep_n := @extschema@.idem_sql_setting('idempotency.claim_sweep', '', 0);
+                    IF sweep_n NOT BETWEEN 0 AND 1000 THEN
+                        RAISE EXCEPTION '% is outside the valid range for parameter "idempotency.claim_sweep" (0 .. 1000)',
+                            sweep_n USING ERRCODE = '22023';
+                    END IF;
+                    IF sweep_n > 0 THEN
+                        tbl := '@extschema@.idempotency_records'::regclass;
+                        IF NOT (has_table_privilege(tbl, 'SELECT') AND has_table_privilege(tbl, 'UPDATE')
+                                AND has_table_privilege(tbl, 'DELETE')) THEN
+                            RAISE EXCEPTION 'idem_claim() with idempotency.claim_sweep = % needs the % privilege on table %',
+                                sweep_n, CASE WHEN NOT has_table_privilege(tbl, 'SELECT') THEN 'SELECT'
+                                              WHEN NOT has_table_privilege(tbl, 'UPDATE') THEN 'UPDATE'
+                                              ELSE 'DELETE' END, tbl
+                                USING ERRCODE = '42501',
+                                      HINT = format('GRANT SELECT, UPDATE, DELETE ON %s TO %s;', tbl,
+                                                    quote_ident(current_user));
+                        END IF;
+                        stale_fail := @extschema@.idem_sql_stale_fail();
+                        DELETE FROM @extschema@.idempotency_records d
+                         WHERE d.ctid = ANY (ARRAY(
+                               SELECT t.ctid FROM @extschema@.idempotency_records t
+                                WHERE t.ctid = ANY (ARRAY(
+                                      SELECT n.ctid
+                                        FROM (SELECT c.ctid, c.xmin, c.status, c.expires_at, c.recovery_point
+                                                FROM @extschema@.idempotency_records c
+                                               WHERE c.tenant_id = p_tenant AND c.key > p_key
+                                               ORDER BY c.key LIMIT sweep_n) n
+                                       WHERE n.expires_at <= now_
+                                         AND NOT (stale_fail AND n.status = 'processing' AND n.recovery_point IS NULL)
+                                         AND NOT @extschema@.idem_sql_own_row(n.xmin)))
+                                  AND t.tenant_id = p_tenant AND t.expires_at <= now_
+                                  AND NOT (stale_fail AND t.status = 'processing' AND t.recovery_point IS NULL)
+                                FOR UPDATE SKIP LOCKED));
+                    END IF;
+                END IF;
                 RETURN res;
             END IF;
         ELSIF r.status = 'processing' AND r.recovery_point IS NULL
@@ -807,7 +854,7 @@ BEGIN
     END IF;
     RETURN @extschema@.idem_sql_claim_one(tenant_id, key, fingerprint, COALESCE(lease_us, 300000000),
                                           COALESCE(ttl_us, 86400000000), COALESCE(wait_us, 0),
-                                          NOT FOUND, holder);
+                                          NOT FOUND, holder, true);
 END
 $fn$;
 
