@@ -36,6 +36,20 @@ SELECT outcome FROM idem_claim('st', 'untracked');
 RESET idempotency.track_stats;
 SELECT claims FROM idem_stats WHERE datname = current_database();
 
+-- idempotency.claim_sweep: what a fresh claim removes counts as swept
+-- (a stale claim in swept_stale, an expired record in swept_expired),
+-- without a sweep pass
+SELECT outcome FROM idem_claim('st-cs', 'k2', lease => '1 ms');
+SELECT idem_complete('st-cs', 'k3', token, '{}') FROM idem_claim('st-cs', 'k3', ttl => '1 ms');
+SELECT pg_sleep(0.02);
+SELECT idem_stats_reset();
+SET idempotency.claim_sweep = 8;
+SELECT outcome FROM idem_claim('st-cs', 'k1');
+RESET idempotency.claim_sweep;
+SELECT claims, swept_stale, swept_expired, sweeps FROM idem_stats WHERE datname = current_database();
+SELECT count(*) AS left_st_cs FROM idempotency_records WHERE tenant_id = 'st-cs';
+DELETE FROM idempotency_records WHERE tenant_id = 'st-cs';
+
 -- A reader sees only its own database's row, unless it has the privileges of
 -- pg_read_all_stats (superusers have them).
 \set regdb :DBNAME
