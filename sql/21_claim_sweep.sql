@@ -58,8 +58,9 @@ SELECT claim_sweep_left('a') AS a;
 SELECT key, status FROM idempotency_records WHERE tenant_id = 'a' AND key = 'k15';
 RESET idempotency.stale_action;
 
--- the last key of a tenant has no neighbour: tenant b's records, next in
--- the primary key, are not looked at
+-- after the tenant's last key the window wraps to its first keys (k11,
+-- k12, k13: increasing keys have no neighbour after them); tenant b's
+-- records, next in the primary key, are not looked at
 SELECT claim_sweep_fixture();
 SELECT outcome FROM idem_claim('a', 'k2');
 SELECT claim_sweep_left('a') AS a, claim_sweep_left('b') AS b;

@@ -64,8 +64,8 @@ check_privileges(int window)
 }
 
 /*
- * The addresses of the window's expired rows that another transaction
- * wrote, from Q_CLAIM_SWEEP_LOOK's result; *n set to how many.
+ * The addresses of the window's rows that a sweep would delete and another
+ * transaction wrote, from Q_CLAIM_SWEEP_LOOK's result; *n set to how many.
  */
 static Datum *
 others_rows(uint64 found, int *n)
@@ -78,9 +78,12 @@ others_rows(uint64 found, int *n)
 		HeapTuple	tup = SPI_tuptable->vals[i];
 		TupleDesc	desc = SPI_tuptable->tupdesc;
 		bool		isnull;
+		Datum		sweepable = SPI_getbinval(tup, desc, 3, &isnull);
 		ItemPointer tid;
 		TransactionId xmin;
 
+		if (isnull || !DatumGetBool(sweepable))
+			continue;
 		tid = (ItemPointer) DatumGetPointer(SPI_getbinval(tup, desc, 1, &isnull));
 		xmin = DatumGetTransactionId(SPI_getbinval(tup, desc, 2, &isnull));
 		if (TransactionIdIsCurrentTransactionId(xmin))

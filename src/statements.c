@@ -336,18 +336,23 @@ const IdemStatement idem_statements[NUM_QUERIES] = {
 	},
 	/*
 	 * A fresh claim's neighbours (claim_sweep.c): the next $5 records of
-	 * tenant $1 after key $2, in key order through the primary key, and of
-	 * those the ones a sweep at $3 would delete.  The window is taken
-	 * first, so at most $5 rows are read however few of them expired.
+	 * tenant $1 after key $2 in key order, through the primary key, then,
+	 * when fewer follow, the tenant's first ones (the window wraps), and
+	 * whether a sweep at $3 would delete each.  The LIMITs are the window:
+	 * at most $5 rows are read however few of them expired (the second
+	 * branch runs only when the first gave fewer); which to delete is
+	 * decided by the caller.
 	 */
 	[Q_CLAIM_SWEEP_LOOK] = {
 		.text =
-		"SELECT ctid, xmin FROM (SELECT ctid, xmin, status, expires_at,"
-		" @POINT@ AS recovery_point FROM %1$s WHERE tenant_id" EQ "$1"
-		" AND key OPERATOR(pg_catalog.>) $2 ORDER BY key LIMIT $5) AS n"
-		" WHERE" SWEEPABLE_AT_3,
+		"(SELECT ctid, xmin," SWEEPABLE_AT_3 "FROM %1$s WHERE tenant_id" EQ "$1"
+		" AND key OPERATOR(pg_catalog.>) $2 ORDER BY key LIMIT $5)"
+		" UNION ALL"
+		" (SELECT ctid, xmin," SWEEPABLE_AT_3 "FROM %1$s WHERE tenant_id" EQ "$1"
+		" AND key OPERATOR(pg_catalog.<) $2 ORDER BY key LIMIT $5)"
+		" LIMIT $5",
 		ARGS(TEXTOID, TEXTOID, TIMESTAMPTZOID, BOOLOID, INT4OID),
-		RESULT(TIDOID, XIDOID),
+		RESULT(TIDOID, XIDOID, BOOLOID),
 	},
 
 	/*

@@ -677,7 +677,8 @@ BEGIN
                 res := ROW('claimed', tok, NULL, lease_end, NULL, NULL);
                 -- Sweeping without a scheduler (idempotency.claim_sweep,
                 -- claim_sweep.c): the next sweep_n records of the tenant
-                -- after the key, through the primary key, and of those the
+                -- after the key, through the primary key (wrapping to the
+                -- tenant's first keys when fewer follow), and of those the
                 -- ones idem_sweep() would delete (a stale claim stays with
                 -- stale_action = 'fail'), none this transaction wrote,
                 -- deleted as the caller, locked with SKIP LOCKED.  Unset,
@@ -706,10 +707,16 @@ BEGIN
                                SELECT t.ctid FROM @extschema@.idempotency_records t
                                 WHERE t.ctid = ANY (ARRAY(
                                       SELECT n.ctid
-                                        FROM (SELECT c.ctid, c.xmin, c.status, c.expires_at, c.recovery_point
-                                                FROM @extschema@.idempotency_records c
-                                               WHERE c.tenant_id = p_tenant AND c.key > p_key
-                                               ORDER BY c.key LIMIT sweep_n) n
+                                        FROM ((SELECT c.ctid, c.xmin, c.status, c.expires_at, c.recovery_point
+                                                 FROM @extschema@.idempotency_records c
+                                                WHERE c.tenant_id = p_tenant AND c.key > p_key
+                                                ORDER BY c.key LIMIT sweep_n)
+                                              UNION ALL
+                                              (SELECT c.ctid, c.xmin, c.status, c.expires_at, c.recovery_point
+                                                 FROM @extschema@.idempotency_records c
+                                                WHERE c.tenant_id = p_tenant AND c.key < p_key
+                                                ORDER BY c.key LIMIT sweep_n)
+                                              LIMIT sweep_n) n
                                        WHERE n.expires_at <= now_
                                          AND NOT (stale_fail AND n.status = 'processing' AND n.recovery_point IS NULL)
                                          AND NOT @extschema@.idem_sql_own_row(n.xmin)))
