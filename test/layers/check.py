@@ -27,7 +27,8 @@ import tempfile
 
 # Higher calls lower.  8: module entry; 7: the hooks, idem_claim_many and
 # the sweeper worker; 6: the other SQL-callable functions and the sweep;
-# 5: held claims; 4: the statements of one key and the sweep statements;
+# 5: held claims; 4: the statements of one key and the sweep statements
+# (a fresh claim's sweep of its neighbours too);
 # 3: attaching the table and running a statement (SPI); 2: the direct read
 # and Citus (its catalogs, the tenant's shard); 1 and 0: the statement
 # catalogue, key locks, tokens, table shape, statistics, argument checks,
@@ -38,7 +39,7 @@ LAYERS = {
     "claim": 6, "settle": 6, "lookup": 6, "sweep": 6, "child_key": 6, "metrics": 6,
     "update_guard": 6,
     "held": 5,
-    "store": 4, "store_sweep": 4, "store_direct": 4,
+    "store": 4, "store_sweep": 4, "store_direct": 4, "claim_sweep": 4,
     "store_attach": 3,
     "direct_read": 2, "citus": 2, "shard_route": 2,
     "statements": 1, "keylock": 1, "tokens": 1, "table_shape": 1, "stats": 1, "validate": 1,
