@@ -2,8 +2,9 @@
  * claim_sweep.c
  *		Sweeping without a scheduler (idempotency.claim_sweep): a claim that
  *		wrote a fresh record looks at the next N records of its tenant after
- *		its key, in primary-key order, and deletes those among them that
- *		idem_sweep() would delete.
+ *		its key, in primary-key order (wrapping to the tenant's first keys
+ *		when fewer follow), and deletes those among them that idem_sweep()
+ *		would delete.
  *
  * For databases where neither the background worker nor pg_cron runs
  * (Neon, docs/operations.md "Sweeping without a scheduler").  Why the
@@ -11,7 +12,9 @@
  * rate r, a retention T and an expired fraction f among the records, a
  * claim that looks at k neighbours removes k*f of them on average, so the
  * expired records settle where the claims remove what expires, near
- * r*T/(k-1); keys never claimed again are cleaned too.
+ * r*T/(k-1); keys never claimed again are cleaned too.  Increasing keys
+ * have no record after a new one: the window wraps to the tenant's first
+ * keys, its oldest records.
  *
  * It runs as the caller, through the claim's own SPI connection and the
  * statement catalogue, never as the table's owner: the caller's DELETE
@@ -21,9 +24,10 @@
  * for them; the window is read first, so at most N rows are read.
  *
  * A record this transaction wrote is never removed: its own stale claim is
- * still its own (claim.c treats it so), and a held claim (held.c), which
- * is not in the table, must leave the same records as a written one.
- * Which rows are this transaction's is known in C only
+ * still its own (claim.c treats it so), as a held claim (held.c), not in
+ * the table, is never met; holding only changes how far the window reaches
+ * (a written record of the transaction takes a place in it).  Which rows
+ * are this transaction's is known in C only
  * (TransactionIdIsCurrentTransactionId covers its subtransactions), so the
  * window's candidates are read, filtered here, then deleted by row
  * address, checked again on the row the DELETE finds.

@@ -147,7 +147,7 @@ idem_define_settings(void)
 	 * small.
 	 */
 	DefineCustomIntVariable("idempotency.claim_sweep",
-							"Records after its key that a fresh idem_claim examines, removing those expired; 0 turns this off.",
+							"Records of its tenant after its key (or its first ones) that a fresh idem_claim examines, removing those expired; 0 turns this off.",
 							"For databases without a scheduler for idem_sweep(): the claim's tenant only, as the calling role.",
 							&idem_claim_sweep,
 							0, 0, 1000,
