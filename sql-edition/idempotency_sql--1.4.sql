@@ -934,7 +934,10 @@ BEGIN
                         RAISE EXCEPTION '% is outside the valid range for parameter "idempotency.claim_sweep" (0 .. 1000)',
                             sweep_n USING ERRCODE = '22023';
                     END IF;
-                    IF sweep_n > 0 THEN
+                    -- not under REPEATABLE READ or SERIALIZABLE, where
+                    -- locking a row settled since the snapshot would fail
+                    -- the claim (claim_sweep.c)
+                    IF sweep_n > 0 AND current_setting('transaction_isolation') = 'read committed' THEN
                         tbl := '@extschema@.idempotency_records'::regclass;
                         IF NOT (has_table_privilege(tbl, 'SELECT') AND has_table_privilege(tbl, 'UPDATE')
                                 AND has_table_privilege(tbl, 'DELETE')) THEN

@@ -78,6 +78,14 @@ SELECT claim_sweep_left('a') AS a;
 ROLLBACK;
 SELECT claim_sweep_left('a') AS a;
 
+-- under REPEATABLE READ (or SERIALIZABLE) nothing is removed: locking a
+-- row settled since the snapshot would fail the claim
+SELECT claim_sweep_fixture();
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SELECT outcome FROM idem_claim('a', 'k0');
+SELECT claim_sweep_left('a') AS a;
+COMMIT;
+
 -- a record this transaction wrote is its own, even as a stale claim: it is
 -- not removed, and its holder completes it
 SELECT claim_sweep_fixture();

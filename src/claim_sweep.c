@@ -105,7 +105,8 @@ others_rows(uint64 found, int *n)
  * follow k->key, as the caller, in its transaction.  Counted in idem_stats
  * as a sweep's removals (swept_expired, swept_stale).  The caller is
  * connected through idem_store_begin(); not on a Citus table, whose nodes
- * the background worker sweeps.
+ * the background worker sweeps, and not under REPEATABLE READ or
+ * SERIALIZABLE.
  */
 void
 idem_claim_sweep_neighbours(const IdemKey *k, int window)
@@ -119,7 +120,14 @@ idem_claim_sweep_neighbours(const IdemKey *k, int window)
 	uint64		deleted;
 	uint64		stale = 0;
 
-	if (idem_store_distributed())
+	/*
+	 * Under REPEATABLE READ or SERIALIZABLE a row settled by another
+	 * transaction since the snapshot would fail the caller's claim with a
+	 * serialization error when locked, and the window's read would add to
+	 * the caller's predicate locks: an optional sweep must not make a claim
+	 * fail, so those transactions do not sweep.
+	 */
+	if (idem_store_distributed() || IsolationUsesXactSnapshot())
 		return;
 	check_privileges(window);
 
