@@ -19,14 +19,21 @@ def conninfo(port, db="app"):
 
 class Killer(threading.Thread):
     """Terminates sessions of database app whose COMMIT is in flight (held
-    open by a deferred trigger), about one in `every` sightings.  Set
-    stop_flag to end it; `terminated` counts the sessions it ended."""
+    open by a deferred trigger), about one in `every` sightings, looking
+    every `poll` seconds.  Set stop_flag to end it; `terminated` counts the
+    sessions it ended.
 
-    def __init__(self, port, seed, every=3):
+    Each look is a query of pg_stat_activity: at the default 2 ms one killer
+    keeps a core busy on an idle machine (and ends far more COMMITs there
+    than on a loaded one, each a retry more), so a test running several
+    killers at once looks less often."""
+
+    def __init__(self, port, seed, every=3, poll=0.002):
         super().__init__(daemon=True)
         self.port = port
         self.rng = random.Random(seed)
         self.every = every
+        self.poll = poll
         self.stop_flag = False
         self.terminated = 0
 
@@ -42,7 +49,7 @@ class Killer(threading.Thread):
                     cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
                     if cur.fetchone()[0]:
                         self.terminated += 1
-            time.sleep(0.002)
+            time.sleep(self.poll)
         conn.close()
 
 
