@@ -74,7 +74,8 @@ def block(results):
         lines.append(f"| {name} | {tps:,.0f} | {r['value']:.2f} | {fl['value']:.2f} | "
                      f"{' | '.join(instr)} | {goal_text} |")
     source = (f"`{run['command']}`, {run['date']}, commit {run['commit']}: 16 clients, "
-              "medians of in-round ratios")
+              f"medians of in-round ratios (the floors themselves {run['floors']['2p']:.2f}× the "
+              f"hand-written SQL, {run['floors']['7p']:.2f}× the SELECT)")
     if head:
         source += (f"; `test/bench/sql-edition-profile {head.group(1)}` (callgrind, without the business "
                    f"INSERT), PostgreSQL {head.group(2)}, commit {head.group(3)}")
