@@ -678,7 +678,7 @@ idem_claim(PG_FUNCTION_ARGS)
 		args.holder = idem_arg_identifier(fcinfo, 6, "holder", false);
 
 	idem_store_check_tenant(fcinfo, k.tenant_id);
-	idem_store_begin(fcinfo);
+	idem_store_begin_attached(fcinfo);	/* check_tenant attached */
 	check_holder_column(&args);
 	idem_claim_one(&k, &args, &res);
 	/* one test of an integer when off (idem_claim_many never sweeps) */
