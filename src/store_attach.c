@@ -393,13 +393,13 @@ idem_store_begin(FunctionCallInfo fcinfo)
 }
 
 /*
- * idem_store_begin for a call that idem_store_check_tenant has just
- * attached, with nothing done in between (idem_claim): connect to SPI
- * only.  Attaching again would take the lock this transaction holds once
- * more and look again for invalidations; what it could take in is what
- * the first attach would have seen, had it committed a moment sooner
- * (what can commit while the lock is held changes no decision the lock
- * guards), and it cost a replay 490 instructions.
+ * idem_store_begin for a call whose table idem_store_check_tenant has
+ * attached (idem_claim, which connects only when it must run a statement
+ * or write): connect to SPI only.  Attaching again would take the lock this
+ * transaction holds once more and look again for invalidations; what that
+ * could take in can commit while the lock is held, so decides nothing the
+ * lock guards, and is taken in as if it had committed a moment later (the
+ * next attach, or the next new lock).  It cost a replay 490 instructions.
  */
 void
 idem_store_begin_attached(FunctionCallInfo fcinfo)
