@@ -215,6 +215,8 @@ typedef struct ClaimState
 	int			sleep_ms;		/* next poll while a lease runs */
 	bool		found;
 	IdemRecord	rec;
+	FunctionCallInfo connect_for;	/* not yet connected to SPI: connect
+									 * for this call before a statement */
 } ClaimState;
 
 /* An answer with no token, response or expiry yet. */
@@ -288,6 +290,19 @@ claim_begin(ClaimState *st, const IdemKey *k, const IdemClaimArgs *args,
 }
 
 /*
+ * Connect to SPI for the call, if not yet (idem_claim_one_connecting): before
+ * a statement is run, or a record written.
+ */
+static void
+claim_connect(ClaimState *st)
+{
+	if (st->connect_for == NULL)
+		return;
+	idem_store_begin_attached(st->connect_for);
+	st->connect_for = NULL;
+}
+
+/*
  * Read the record.  The first look uses the statement's snapshot; every
  * later one (the row changed, or a wait went by) needs what has committed
  * since.
@@ -295,7 +310,13 @@ claim_begin(ClaimState *st, const IdemKey *k, const IdemClaimArgs *args,
 static void
 claim_read(ClaimState *st)
 {
-	st->found = idem_store_read(st->k, &st->rec, st->fresh);
+	if (st->connect_for == NULL)
+		st->found = idem_store_read(st->k, &st->rec, st->fresh);
+	else if (!idem_direct_read(st->k, &st->rec, st->fresh, &st->found))
+	{
+		claim_connect(st);
+		st->found = idem_store_read_statement(st->k, &st->rec, st->fresh);
+	}
 	st->fresh = true;
 }
 
@@ -471,21 +492,24 @@ claim_end(ClaimState *st)
  * Claim one key: read, decide, lock, write, until one of them answers.
  * Only a write that finds the row changed counts as a conflict; a wait that
  * went by, or the lock just taken, reads again for free.  The caller has
- * validated the arguments and is connected through idem_store_begin().
- * Shared with idem_claim_many.
+ * validated the arguments.  connect_for: NULL when the caller is
+ * connected to SPI; else the call to connect for when a statement must be
+ * run (claim_connect).  Returns whether it is connected.
  */
-void
-idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res)
+static bool
+claim_run(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res,
+		  FunctionCallInfo connect_for)
 {
 	ClaimState	st;
 	int			conflicts = 0;
 
+	st.connect_for = connect_for;
 	if (claim_begin(&st, k, args, res))
 	{
 		/* our own held claim: in progress or mismatch, a conflict */
 		if (!res->reentered)
 			idem_stats_count_tenant_conflict(k->tenant_id);
-		return;
+		return st.connect_for == NULL;
 	}
 	for (;;)
 	{
@@ -502,7 +526,10 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 		if (next == CLAIM_WRITE)
 			next = claim_lock(&st);
 		if (next == CLAIM_WRITE)
+		{
+			claim_connect(&st);
 			next = claim_write(&st);
+		}
 		if (next == CLAIM_DONE)
 			break;
 		if (next == CLAIM_CONFLICT)
@@ -513,6 +540,34 @@ idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res
 	/* per tenant, the answers that tell of a conflict (stats.c) */
 	if (res->outcome == IDEM_OUTCOME_IN_PROGRESS || res->outcome == IDEM_OUTCOME_MISMATCH)
 		idem_stats_count_tenant_conflict(k->tenant_id);
+	return st.connect_for == NULL;
+}
+
+/*
+ * Claim one key, for a caller connected through idem_store_begin().
+ * Shared with idem_claim_many.
+ */
+void
+idem_claim_one(const IdemKey *k, const IdemClaimArgs *args, IdemClaimResult *res)
+{
+	(void) claim_run(k, args, res, NULL);
+}
+
+/*
+ * Claim one key for idem_claim's call fcinfo, whose table
+ * idem_store_check_tenant has attached: it connects to SPI
+ * (idem_store_begin_attached) only when it runs a statement or writes.  A
+ * replay that the direct read answers never does, and saves the connection
+ * (SPI_connect and SPI_finish: 470 instructions).  Until then what it
+ * allocates (the record read) is in the caller's memory, where the result
+ * row is made.  Returns whether it connected: then the caller ends the call
+ * with idem_store_end().
+ */
+bool
+idem_claim_one_connecting(FunctionCallInfo fcinfo, const IdemKey *k,
+						  const IdemClaimArgs *args, IdemClaimResult *res)
+{
+	return claim_run(k, args, res, fcinfo);
 }
 
 /*
@@ -668,6 +723,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	MemoryContext caller = CurrentMemoryContext;
 	MemoryContext old;
 	Datum		result;
+	bool		connected;
 
 	k.tenant_id = idem_arg_identifier(fcinfo, 0, "tenant_id", true);
 	k.key = idem_arg_identifier(fcinfo, 1, "key", true);
@@ -677,13 +733,15 @@ idem_claim(PG_FUNCTION_ARGS)
 	if (PG_NARGS() > 6)
 		args.holder = idem_arg_identifier(fcinfo, 6, "holder", false);
 
-	idem_store_check_tenant(fcinfo, k.tenant_id);
-	idem_store_begin(fcinfo);
+	idem_store_check_tenant(fcinfo, k.tenant_id);	/* attaches the table */
 	check_holder_column(&args);
-	idem_claim_one(&k, &args, &res);
+	connected = idem_claim_one_connecting(fcinfo, &k, &args, &res);
 	/* one test of an integer when off (idem_claim_many never sweeps) */
 	if (idem_claim_sweep > 0 && res.fresh)
+	{
+		Assert(connected);		/* it wrote */
 		idem_claim_sweep_neighbours(&k, idem_claim_sweep);
+	}
 	idem_stats_count_claim(&res);
 
 	/*
@@ -692,12 +750,13 @@ idem_claim(PG_FUNCTION_ARGS)
 	 */
 	desc = row_expected_by_caller(fcinfo, claim_result_desc(fcinfo));
 
-	/* the response points into SPI memory: build the row before letting go */
+	/* the response may point into SPI memory: build the row before letting go */
 	old = MemoryContextSwitchTo(caller);
 	idem_claim_result_columns(&res, values, nulls, Min(desc->natts, 6));
 	result = HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
 	MemoryContextSwitchTo(old);
-	idem_store_end();
+	if (connected)
+		idem_store_end();
 
 	PG_RETURN_DATUM(result);
 }

@@ -23,6 +23,9 @@ extern void idem_claim_args(FunctionCallInfo fcinfo, int lease_arg,
 							int ttl_arg, int wait_arg, IdemClaimArgs *args);
 extern void idem_claim_one(const IdemKey *k, const IdemClaimArgs *args,
 						   IdemClaimResult *res);
+extern bool idem_claim_one_connecting(FunctionCallInfo fcinfo, const IdemKey *k,
+									  const IdemClaimArgs *args,
+									  IdemClaimResult *res);
 extern bool idem_claim_decide(const IdemRecord *rec, const IdemClaimArgs *args,
 							  TimestampTz now, IdemClaimResult *res);
 extern const char *idem_outcome_name(IdemOutcome outcome);

@@ -74,6 +74,7 @@ typedef struct RecordColumns
 } RecordColumns;
 
 static Oid	read_table = InvalidOid;
+static Oid	read_namespace = InvalidOid;	/* read_table's schema */
 static Oid	read_index = InvalidOid;
 static bool read_table_distributed = false;
 static const char *read_isolation_setting = NULL;	/* store_attach.c's */
@@ -104,13 +105,17 @@ key_index_usable(Oid key_index)
 /*
  * Point the reader at table and its (tenant_id, key) index, and say
  * whether Citus distributes the table; called by store_attach.c whenever it
- * (re)attaches to the table, after the shape check.
+ * (re)attaches to the table, after the shape check.  The table's schema is
+ * kept too: moving the table to another schema takes an AccessExclusiveLock,
+ * so it cannot happen while a call holds the lock store_attach takes, and
+ * the next attach, after the lock, finds no table in the old schema.
  */
 void
 idem_direct_read_attach(Oid table, Oid key_index, bool distributed,
 						const char *isolation_setting)
 {
 	read_table = table;
+	read_namespace = get_rel_namespace(table);
 	read_isolation_setting = isolation_setting;
 	read_table_distributed = distributed;
 	read_index = key_index_usable(key_index) ? key_index : InvalidOid;
@@ -141,7 +146,7 @@ static bool
 direct_read_allowed(const text *tenant)
 {
 	if (!idem_direct_reads || !idem_direct_probe_available() || !ActiveSnapshotSet() ||
-		idem_namespace_aclcheck(get_rel_namespace(read_table), GetUserId(),
+		idem_namespace_aclcheck(read_namespace, GetUserId(),
 								ACL_USAGE) != ACLCHECK_OK ||
 		pg_class_aclcheck(read_table, GetUserId(), ACL_SELECT) != ACLCHECK_OK)
 		return false;
@@ -185,9 +190,10 @@ record_from_slot(TupleTableSlot *slot, IdemRecord *rec)
 	Datum		d;
 	HeapTuple	tuple;
 
-	d = copied_varlena(slot, columns.status, &isnull);
+	/* only read here: detoasted if it must be, not copied */
+	d = slot_getattr(slot, columns.status, &isnull);
 	idem_check_not_null(isnull, "status");
-	rec->status = idem_status_from_text((text *) DatumGetPointer(d));
+	rec->status = idem_status_from_text(DatumGetTextPP(d));
 	rec->token = DatumGetInt64(slot_getattr(slot, columns.token, &isnull));
 	idem_check_not_null(isnull, "token");
 	d = copied_varlena(slot, columns.fingerprint, &isnull);
@@ -253,7 +259,14 @@ idem_direct_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot,
 	else
 		snapshot = RegisterSnapshot(GetActiveSnapshot());
 
-	heap = table_open(read_table, AccessShareLock);
+	/*
+	 * store_attach took the table's AccessShareLock in this transaction
+	 * before anything was decided (every caller of idem_store_read attaches
+	 * first, and a Citus table, which it does not lock, is never read
+	 * here): taking it again would only count it once more.  The index is
+	 * locked as the executor locks it.
+	 */
+	heap = table_open(read_table, NoLock);
 
 	/*
 	 * The SELECT reads the table's inheritance children too.  A table

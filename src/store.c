@@ -104,19 +104,33 @@ copy_out_of_tuple(HeapTuple tup, void *p)
 /*
  * Read the record of k.  Returns false when there is none.  fresh_snapshot
  * (for volatile callers) sees what was committed since the statement began.
+ * Read by primary key directly where that sees what the statement would
+ * (direct_read.c), else through the statement.
+ */
+bool
+idem_store_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot)
+{
+	bool		found;
+
+	if (idem_direct_read(k, rec, fresh_snapshot, &found))
+		return found;
+	return idem_store_read_statement(k, rec, fresh_snapshot);
+}
+
+/*
+ * idem_store_read through the statement (Q_READ), for a caller connected to
+ * SPI.
  *
  * The tuple table is freed at once, its values copied out first: a claim
  * that waits reads again on every poll, and the tables would otherwise pile
  * up until idem_store_end() (about 8 kB a poll, 20 polls a second).
  */
 bool
-idem_store_read(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot)
+idem_store_read_statement(const IdemKey *k, IdemRecord *rec, bool fresh_snapshot)
 {
 	Datum		values[2] = {PointerGetDatum(k->tenant_id), PointerGetDatum(k->key)};
 	bool		found;
 
-	if (idem_direct_read(k, rec, fresh_snapshot, &found))
-		return found;
 	found = idem_store_run(Q_READ, values, "  ", !fresh_snapshot, 1) > 0;
 	if (found)
 	{

@@ -9,6 +9,8 @@
 
 extern bool idem_store_read(const IdemKey *k, IdemRecord *rec,
 							bool fresh_snapshot);
+extern bool idem_store_read_statement(const IdemKey *k, IdemRecord *rec,
+									  bool fresh_snapshot);
 extern uint64 idem_store_insert_many(text *tenant_id, Datum keys, Datum tokens,
 									 Datum fingerprints, TimestampTz now,
 									 TimestampTz lease_expires_at, int64 ttl_us,

@@ -15,6 +15,7 @@
 
 /* a call: attach the table and connect to SPI, then end */
 extern void idem_store_begin(FunctionCallInfo fcinfo);
+extern void idem_store_begin_attached(FunctionCallInfo fcinfo);
 extern void idem_store_begin_in_schema(Oid nsp);
 extern void idem_store_attach_schema(Oid nsp);
 extern Oid	idem_store_function_schema(FunctionCallInfo fcinfo);
