@@ -560,6 +560,31 @@ def run():
     check(one(app, "SELECT expires_at < now() + interval '3 s' FROM idem_claim('acme', 'lease-setting')")[0],
           'SET idempotency.lease works as a placeholder setting')
     one(app, "RESET idempotency.lease")
+    # ---- a replay answers from its one read of the record (issue 48), with
+    # what every check would have answered
+    t = claim(app, 'acme', 'replayed')[1]
+    one(app, "SELECT idem_complete('acme', 'replayed', %s, '{\"paid\": 1}')", (t,))
+    one(app, "SET idempotency.ttl = 'soon'")
+    check(claim(app, 'acme', 'replayed')[:3] == ('replay', None, {'paid': 1}),
+          'a replay uses no idempotency.ttl: a bad value is not read (docs/managed.md, "Settings")')
+    e = error(app, "SELECT idem_claim('acme', 'not-replayed')")
+    check(e == ('22023', 'invalid value for parameter "idempotency.ttl": "soon"'),
+          'a claim that writes reads idempotency.ttl and refuses a bad value (22023)', e)
+    one(app, "RESET idempotency.ttl")
+    one(app, "SET idempotency.min_ttl = '2 days'")
+    e = error(app, "SELECT idem_claim('acme', 'replayed')")
+    check(e == ('22023', 'ttl is shorter than idempotency.min_ttl'),
+          'idempotency.min_ttl is checked on a replay too, as the C edition checks it', e)
+    one(app, "RESET idempotency.min_ttl")
+    # records written around the functions with keys no claim accepts: the
+    # call is refused as bad input, not answered from the record
+    for bad, want in (('', ('22023', 'key must not be empty')), ('k' * 256, ('22001', 'key is too long'))):
+        one(owner, "INSERT INTO idempotency_records (tenant_id, key, token, expires_at, created_at, updated_at,"
+                   " ttl, status, response) VALUES ('planted', %s, 7, now() + interval '1 day', now(), now(),"
+                   " interval '1 day', 'completed', '{}')", (bad,))
+        e = error(app, "SELECT idem_claim('planted', %s)", (bad,))
+        check(e == want, 'a planted completed record under a bad key: %s (%s), not a replay' % want[::-1], e)
+    one(owner, "DELETE FROM idempotency_records WHERE tenant_id = 'planted'")
     ro = connect('app', autocommit=False)
     one(ro, "SET TRANSACTION READ ONLY")
     e = error(ro, "SELECT idem_claim('acme', 'ro')")
