@@ -55,7 +55,7 @@ def block(results):
     lines = [f"The SQL edition ([managed PostgreSQL](docs/managed.md)) against issue 48's targets on "
              f"PostgreSQL {major}: its throughput against the same statements written by hand, and "
              "within 10 % of its floor, a PL/pgSQL function with the same pinned `search_path` that runs "
-             "only those statements ([docs/benchmarks.md](docs/benchmarks.md#the-sql-edition-issue-35)):",
+             "only those statements ([docs/benchmarks.md](docs/benchmarks.md#speed-next-to-its-bounds-issue-48)):",
              "",
              "| SQL edition | tx/s | × hand-written | × floor | instructions | hand-written / it "
              "| it / floor | issue 48 |",
